@@ -1,0 +1,300 @@
+"""Operations on the batch dims of TensorDicts: indexing, stack, cat, reshape...
+
+They are free functions (``fd.stack``, ``fd.cat``); TensorDict methods of the
+same name call them. None changes its inputs.
+
+Example:
+    >>> a = fd.TensorDict({"x": torch.zeros(3, 2)}, [3])
+    >>> fd.stack([a, a]).batch_size, fd.cat([a, a]).batch_size, a[0:2].batch_size
+    (torch.Size([2, 3]), torch.Size([6]), torch.Size([2]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from . import _errors as E
+from ._td import TensorDict, _new
+
+__all__ = ["cat", "expand", "index", "reshape", "squeeze", "stack", "unbind", "unsqueeze"]
+
+
+def _normalize_index(idx: Any, bs: torch.Size) -> tuple:
+    items = list(idx) if isinstance(idx, tuple) else [idx]
+    used, ellipsis = 0, None
+    for i, it in enumerate(items):
+        if it is Ellipsis:
+            if ellipsis is not None:
+                raise IndexError("an index can only have a single ellipsis ('...')")
+            ellipsis = i
+        elif it is None:
+            continue
+        elif isinstance(it, bool):
+            raise TypeError("TensorDict indices may not be Python bools; use a bool tensor mask")
+        elif isinstance(it, int | torch.SymInt | slice):
+            used += 1
+        elif isinstance(it, list | range):
+            items[i] = it = torch.as_tensor(list(it))
+            used += it.ndim if it.dtype == torch.bool else 1
+        elif isinstance(it, torch.Tensor):
+            used += it.ndim if it.dtype == torch.bool else 1
+        elif isinstance(it, str):
+            raise TypeError(
+                f"index {idx!r} mixes keys and batch indices: get the entry first, "
+                f"td[{it!r}][...], or index the batch first, td[...][{it!r}]."
+            )
+        else:
+            raise TypeError(
+                f"TensorDict index of type {type(it).__name__} is not supported: use str or "
+                "tuple-of-str keys, or int, slice, None, ..., bool masks and index tensors."
+            )
+    if used > len(bs):
+        raise IndexError(E.index_too_many(used, bs))
+    if ellipsis is not None:
+        items[ellipsis : ellipsis + 1] = [slice(None)] * (len(bs) - used)
+    return tuple(items)
+
+
+def index(td: TensorDict, idx: Any) -> TensorDict:
+    """Index the batch dims of ``td`` as a tensor of shape ``td.batch_size`` would be.
+
+    Supports int, slice, None, ``...``, bool masks and integer index tensors.
+
+    Raises:
+        IndexError: the index uses more dims than the batch has.
+    """
+    return _index(td, _normalize_index(idx, td._batch_size))
+
+
+def _index(td: TensorDict, items: tuple) -> TensorDict:
+    n = len(td._batch_size)
+    data, new_bs = {}, None
+    for k, v in td._data.items():
+        if isinstance(v, TensorDict):
+            r = _index(v, items)
+            extra, shape = len(v._batch_size) - n, r._batch_size
+        else:
+            r = v[items]
+            extra, shape = v.ndim - n, r.shape
+        if new_bs is None:
+            new_bs = shape[: len(shape) - extra]
+        data[k] = r
+    if new_bs is None:  # no leaves: index a dummy of the batch shape
+        cpu_items = tuple(i.cpu() if isinstance(i, torch.Tensor) else i for i in items)
+        new_bs = torch.empty(td._batch_size, dtype=torch.uint8)[cpu_items].shape
+    return _new(data, new_bs)
+
+
+def _check_same_keys(tds: Sequence[TensorDict], where: str) -> None:
+    keys0 = tds[0]._data.keys()
+    for i, t in enumerate(tds[1:], 1):
+        if t._data.keys() != keys0:
+            raise ValueError(E.stack_keys(i, keys0, t._data.keys(), where))
+
+
+def _check_list(tds: Any, where: str) -> list[TensorDict]:
+    if isinstance(tds, TensorDict) or not isinstance(tds, Sequence) or not tds:
+        raise TypeError(f"{where} takes a non-empty list of TensorDicts, e.g. {where}([a, b])")
+    for i, t in enumerate(tds):
+        if not isinstance(t, TensorDict):
+            raise TypeError(f"{where}: element {i} is a {type(t).__name__}, not a TensorDict")
+    return list(tds)
+
+
+def _norm_dim(dim: int, ndim: int, where: str) -> int:
+    if not -ndim <= dim < ndim:
+        raise IndexError(
+            f"{where}: dim {dim} is out of range for {ndim} batch dims "
+            f"(valid: {-ndim} to {ndim - 1})"
+        )
+    return dim % ndim
+
+
+def stack(tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
+    """Stack TensorDicts with equal keys and shapes along a new batch dim ``dim``.
+
+    Raises:
+        ValueError: the keys, batch sizes or feature shapes differ (names them).
+
+    Example:
+        >>> fd.stack([td, td]).batch_size  # td.batch_size == [5]
+        torch.Size([2, 5])
+    """
+    tds = _check_list(tds, "stack")
+    bs = tds[0]._batch_size
+    dim = _norm_dim(dim, len(bs) + 1, "stack")
+    for i, t in enumerate(tds[1:], 1):
+        if t._batch_size != bs:
+            raise ValueError(
+                f"stack: TensorDict 0 has batch_size {list(bs)} but TensorDict {i} has "
+                f"{list(t._batch_size)}; stacked TensorDicts must have the same batch size."
+            )
+    return _stack(tds, dim, ())
+
+
+def _stack(tds: list[TensorDict], dim: int, prefix: tuple) -> TensorDict:
+    _check_same_keys(tds, "stack")
+    first = tds[0]
+    bs = first._batch_size
+    data = {}
+    for k, v in first._data.items():
+        vals = [t._data[k] for t in tds]
+        if isinstance(v, TensorDict):
+            _same_types(vals, (*prefix, k), "stack")
+            data[k] = _stack(vals, dim, (*prefix, k))
+        else:
+            _same_types(vals, (*prefix, k), "stack")
+            _same_shapes(vals, (*prefix, k), len(bs), "stack", None)
+            data[k] = torch.stack(vals, dim)
+    return _new(data, torch.Size((*bs[:dim], len(tds), *bs[dim:])))
+
+
+def _same_types(vals: list, key: tuple, where: str) -> None:
+    is_td = isinstance(vals[0], TensorDict)
+    for i, v in enumerate(vals[1:], 1):
+        if isinstance(v, TensorDict) != is_td:
+            raise ValueError(
+                f"{where}: entry {E.fmt_key(key)} is a {type(vals[0]).__name__} in "
+                f"TensorDict 0 but a {type(v).__name__} in TensorDict {i}."
+            )
+
+
+def _same_shapes(vals: list, key: tuple, n: int, where: str, skip: int | None) -> None:
+    s0 = vals[0].shape
+    for i, v in enumerate(vals[1:], 1):
+        s = v.shape
+        if len(s) != len(s0) or any(
+            a != b for j, (a, b) in enumerate(zip(s, s0)) if j >= n or (skip is not None and j != skip)
+        ):
+            raise ValueError(E.stack_shapes(i, key, s0[n:], s[n:], where))
+
+
+def cat(tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
+    """Concatenate TensorDicts along the existing batch dim ``dim``.
+
+    Raises:
+        ValueError: the keys, other batch dims or feature shapes differ.
+    """
+    tds = _check_list(tds, "cat")
+    bs = tds[0]._batch_size
+    dim = _norm_dim(dim, len(bs), "cat")
+    for i, t in enumerate(tds[1:], 1):
+        tb = t._batch_size
+        if len(tb) != len(bs) or any(a != b for j, (a, b) in enumerate(zip(tb, bs)) if j != dim):
+            raise ValueError(
+                f"cat: TensorDict 0 has batch_size {list(bs)} but TensorDict {i} has "
+                f"{list(tb)}; they may differ only in dim {dim}."
+            )
+    return _cat(tds, dim, ())
+
+
+def _cat(tds: list[TensorDict], dim: int, prefix: tuple) -> TensorDict:
+    _check_same_keys(tds, "cat")
+    first = tds[0]
+    n = len(first._batch_size)
+    data = {}
+    for k, v in first._data.items():
+        vals = [t._data[k] for t in tds]
+        _same_types(vals, (*prefix, k), "cat")
+        if isinstance(v, TensorDict):
+            data[k] = _cat(vals, dim, (*prefix, k))
+        else:
+            _same_shapes(vals, (*prefix, k), n, "cat", dim)
+            data[k] = torch.cat(vals, dim)
+    bs = first._batch_size
+    total = sum(t._batch_size[dim] for t in tds)
+    return _new(data, torch.Size((*bs[:dim], total, *bs[dim + 1 :])))
+
+
+def unbind(td: TensorDict, dim: int = 0) -> tuple[TensorDict, ...]:
+    """Split along batch dim ``dim`` (the inverse of ``stack``): ``fd.unbind(td)``."""
+    n = len(td._batch_size)
+    dim = _norm_dim(dim, n, "unbind")
+    lead = (slice(None),) * dim
+    return tuple(_index(td, (*lead, i)) for i in range(td._batch_size[dim]))
+
+
+def _infer_shape(shape: tuple, numel) -> torch.Size:
+    if len(shape) == 1 and isinstance(shape[0], Sequence):
+        shape = tuple(shape[0])
+    unknown = [i for i, s in enumerate(shape) if s == -1]
+    if len(unknown) > 1:
+        raise ValueError(f"reshape: only one dim can be -1, got {list(shape)}")
+    if unknown:
+        known = 1
+        for s in shape:
+            if s != -1:
+                known *= s
+        shape = list(shape)
+        shape[unknown[0]] = numel // known if known else 0
+    return torch.Size(shape)
+
+
+def _map_batch(td: TensorDict, fn, new_bs: torch.Size) -> TensorDict:
+    """Apply ``fn(leaf, feature_shape)`` to each leaf; children recurse."""
+    n = len(td._batch_size)
+    data = {}
+    for k, v in td._data.items():
+        if isinstance(v, TensorDict):
+            data[k] = _map_batch(v, fn, torch.Size((*new_bs, *v._batch_size[n:])))
+        else:
+            data[k] = fn(v, v.shape[n:])
+    return _new(data, new_bs)
+
+
+def reshape(td: TensorDict, *shape: int) -> TensorDict:
+    """Reshape the batch dims: ``td.reshape(2, -1)`` (feature dims are kept)."""
+    new_bs = _infer_shape(shape, td._batch_size.numel())
+    if new_bs.numel() != td._batch_size.numel():
+        raise ValueError(
+            f"reshape: batch_size {list(td._batch_size)} ({td._batch_size.numel()} elements) "
+            f"cannot become {list(new_bs)} ({new_bs.numel()} elements)"
+        )
+    return _map_batch(td, lambda x, f: x.reshape(*new_bs, *f), new_bs)
+
+
+def unsqueeze(td: TensorDict, dim: int) -> TensorDict:
+    """Insert a batch dim of size 1 at ``dim`` (negative counts from the last batch dim)."""
+    n = len(td._batch_size)
+    d = _norm_dim(dim, n + 1, "unsqueeze")
+    bs = td._batch_size
+    return _map_batch(td, lambda x, f: x.unsqueeze(d), torch.Size((*bs[:d], 1, *bs[d:])))
+
+
+def squeeze(td: TensorDict, dim: int | None = None) -> TensorDict:
+    """Remove batch dims of size 1 (all of them, or only ``dim`` if it has size 1)."""
+    bs = td._batch_size
+    if dim is None:
+        dims = tuple(i for i, s in enumerate(bs) if s == 1)
+    else:
+        d = _norm_dim(dim, len(bs), "squeeze")
+        dims = (d,) if bs[d] == 1 else ()
+    if not dims:
+        return td
+    new_bs = torch.Size(s for i, s in enumerate(bs) if i not in dims)
+    return _map_batch(td, lambda x, f: x.squeeze(dims), new_bs)
+
+
+def expand(td: TensorDict, *shape: int) -> TensorDict:
+    """Expand the batch dims to ``shape`` (new dims on the left; -1 keeps a dim), no copy."""
+    if len(shape) == 1 and isinstance(shape[0], Sequence):
+        shape = tuple(shape[0])
+    bs = td._batch_size
+    if len(shape) < len(bs):
+        raise ValueError(f"expand: shape {list(shape)} has fewer dims than batch_size {list(bs)}")
+    lead = len(shape) - len(bs)
+    new = []
+    for i, s in enumerate(shape):
+        old = bs[i - lead] if i >= lead else None
+        if s == -1:
+            if old is None:
+                raise ValueError(f"expand: -1 is not allowed for the new leading dim {i}")
+            s = old
+        elif old is not None and old != 1 and old != s:
+            raise ValueError(f"expand: batch dim {i - lead} of size {old} cannot expand to {s}")
+        new.append(s)
+    new_bs = torch.Size(new)
+    return _map_batch(td, lambda x, f: x.expand(*new_bs, *f), new_bs)

@@ -1,0 +1,573 @@
+"""TensorDict: an immutable mapping of names to tensors that share leading batch dims.
+
+Every "write" returns a new TensorDict; leaves are never copied nor written.
+Keys are ``str`` or tuples of ``str`` (a path into nested TensorDicts).
+Shape operations (indexing, stack, cat, reshape...) live in ``_shape.py``; the
+pytree registration in ``_tree.py``.
+
+Example:
+    >>> import torch, functd as fd
+    >>> td = fd.TensorDict({"x": torch.zeros(5, 3), "obs": {"pos": torch.zeros(5, 2)}}, [5])
+    >>> td2 = td.set("y", torch.ones(5, 1))
+    >>> "y" in td, "y" in td2
+    (False, True)
+    >>> td2["obs", "pos"].shape
+    torch.Size([5, 2])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, Union
+
+import torch
+
+from . import _errors as E
+
+Key = Union[str, tuple[str, ...]]
+_MISSING = object()
+
+__all__ = ["Key", "TensorDict"]
+
+
+def _check_batch_size(batch_size) -> torch.Size:
+    if batch_size is None:
+        return torch.Size([])
+    if isinstance(batch_size, torch.Size):
+        return batch_size
+    if isinstance(batch_size, int | torch.SymInt) and not isinstance(batch_size, bool):
+        batch_size = [batch_size]
+    if not isinstance(batch_size, Sequence) or isinstance(batch_size, str):
+        raise TypeError(E.BAD_BATCH.format(batch_size=batch_size))
+    for d in batch_size:
+        if isinstance(d, bool) or not isinstance(d, int | torch.SymInt) or d < 0:
+            raise (ValueError if isinstance(d, int) else TypeError)(
+                E.BAD_BATCH.format(batch_size=batch_size)
+            )
+    return torch.Size(batch_size)
+
+
+def _check_key(key) -> tuple[str, ...]:
+    """Return the key as a non-empty tuple of str, or raise a clear error."""
+    if isinstance(key, str):
+        return (key,)
+    if isinstance(key, tuple):
+        if not key:
+            raise KeyError(E.EMPTY_KEY)
+        if all(isinstance(k, str) for k in key):
+            return key
+    example = "'x'" if not isinstance(key, tuple) else "('obs', 'pos')"
+    raise TypeError(E.BAD_KEY.format(key=key, type=type(key).__name__, example=example))
+
+
+def _common_prefix(shapes: list[torch.Size]) -> list[int]:
+    if not shapes:
+        return []
+    out = []
+    for dims in zip(*shapes):
+        if any(d != dims[0] for d in dims):
+            break
+        out.append(dims[0])
+    return out
+
+
+class TensorDict:
+    """An immutable dict of tensors with common leading batch dims; a pytree.
+
+    Args:
+        source: a mapping of str keys to tensors, nested mappings (which become
+            nested TensorDicts) or TensorDicts. Leaves are not copied.
+        batch_size: the leading dims every leaf shares. Defaults to ``[]``.
+        device: optional; when given, every leaf must already be on it.
+
+    Raises:
+        TypeError: a key is not a str, a leaf is not a tensor, or batch_size is
+            not a sequence of ints.
+        ValueError: a leaf's leading dims differ from batch_size, a batch dim is
+            negative, or a leaf is not on ``device``.
+
+    Example:
+        >>> td = TensorDict({"x": torch.randn(5, 3)}, batch_size=[5])
+        >>> td
+        TensorDict(batch_size=[5], fields={x: f32[3]})
+        >>> td.set("y", torch.zeros(5)).select("y").batch_size
+        torch.Size([5])
+    """
+
+    __slots__ = ("_batch_size", "_data", "_spec")
+
+    _data: dict[str, torch.Tensor | TensorDict]
+    _batch_size: torch.Size
+
+    def __init__(
+        self,
+        source: Mapping[str, Any] | None = None,
+        batch_size: Sequence[int] | torch.Size | int | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        bs = _check_batch_size(batch_size)
+        dev = torch.device(device) if device is not None else None
+        data: dict[str, Any] = {}
+        if source is None:
+            source = {}
+        elif isinstance(source, TensorDict):
+            source = source._data
+        elif not isinstance(source, Mapping):
+            raise TypeError(
+                f"TensorDict(source) takes a mapping of str keys to tensors; got a "
+                f"{type(source).__name__}. Example: TensorDict({{'x': x}}, batch_size=[5])."
+            )
+        for k, v in source.items():
+            if not isinstance(k, str):
+                _check_key(k)  # raises the bad-key error
+                raise TypeError(  # a tuple of str at top level: say how to nest
+                    f"TensorDict(source) keys must be str; got the tuple {k!r}. Nest "
+                    f"mappings instead ({{'obs': {{'pos': x}}}}) or use td.set({k!r}, x)."
+                )
+            data[k] = _check_value((k,), v, bs, dev)
+        _init(self, data, bs)
+
+    # ------------------------------------------------------------------ reading
+    @property
+    def batch_size(self) -> torch.Size:
+        """The leading dims shared by every leaf (inside ``vmap``: without the mapped dim)."""
+        return self._batch_size
+
+    @property
+    def shape(self) -> torch.Size:
+        """Alias of ``batch_size``, as in tensordict."""
+        return self._batch_size
+
+    @property
+    def batch_dims(self) -> int:
+        """Number of batch dims."""
+        return len(self._batch_size)
+
+    ndim = batch_dims
+
+    @property
+    def device(self) -> torch.device | None:
+        """The device all leaves share, or None when they differ or there is none."""
+        devices = {leaf.device for leaf in _leaves(self)}
+        return devices.pop() if len(devices) == 1 else None
+
+    def numel(self) -> int:
+        """Number of elements of the batch (the product of ``batch_size``)."""
+        return self._batch_size.numel()
+
+    def is_empty(self) -> bool:
+        """True when the TensorDict holds no tensor (nested empty TensorDicts count as none)."""
+        return next(_leaves(self), None) is None
+
+    def get(self, key: Key, default: Any = _MISSING) -> Any:
+        """Return the entry at ``key`` (str or tuple path), or ``default`` if given.
+
+        Example:
+            >>> td.get(("obs", "pos")), td.get("missing", None)
+        """
+        if type(key) is str:
+            value = self._data.get(key, _MISSING)
+            if value is not _MISSING:
+                return value
+            if default is not _MISSING:
+                return default
+            raise KeyError(E.missing_key(key, (), self._data, None))
+        path = _check_key(key)
+        node: TensorDict = self
+        for i, part in enumerate(path):
+            if not isinstance(node, TensorDict):
+                raise KeyError(E.not_a_td(key, path[:i], type(node).__name__))
+            value = node._data.get(part, _MISSING)
+            if value is _MISSING:
+                if default is not _MISSING:
+                    return default
+                raise KeyError(E.missing_key(key, path[:i], node._data, i))
+            node = value
+        return node
+
+    def __getitem__(self, index: Any) -> Any:
+        if type(index) is str:
+            value = self._data.get(index, _MISSING)
+            if value is _MISSING:
+                raise KeyError(E.missing_key(index, (), self._data, None))
+            return value
+        if isinstance(index, tuple) and (not index or isinstance(index[0], str)):
+            return self.get(index)
+        from ._shape import index as _index
+
+        return _index(self, index)
+
+    def __contains__(self, key: object) -> bool:
+        if isinstance(key, str):
+            return key in self._data
+        if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
+            return self.get(key, _MISSING) is not _MISSING
+        return False
+
+    def __len__(self) -> int:
+        """The size of the first batch dim, 0 without batch dims (as in tensordict)."""
+        return self._batch_size[0] if self._batch_size else 0
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        """Iterate over the first batch dim, as tensordict does."""
+        if not self._batch_size:
+            raise TypeError(
+                "iteration over a TensorDict with batch_size=[] is not defined: iterate "
+                "over td.keys() or td.items() instead."
+            )
+        return (self[i] for i in range(self._batch_size[0]))
+
+    def __bool__(self) -> bool:
+        raise TypeError(
+            "the truth value of a TensorDict is ambiguous: use td.is_empty() or len(td.keys())."
+        )
+
+    def keys(self, include_nested: bool = False, leaves_only: bool = False) -> tuple[Key, ...]:
+        """The keys, in insertion order.
+
+        Args:
+            include_nested: also list the keys of nested TensorDicts, as tuples.
+            leaves_only: leave out keys whose value is a TensorDict.
+        """
+        if not include_nested and not leaves_only:
+            return tuple(self._data)
+        return tuple(k for k, _ in _items(self, include_nested, leaves_only))
+
+    def values(self, include_nested: bool = False, leaves_only: bool = False) -> tuple[Any, ...]:
+        """The values, in the order of ``keys`` with the same options."""
+        return tuple(v for _, v in _items(self, include_nested, leaves_only))
+
+    def items(
+        self, include_nested: bool = False, leaves_only: bool = False
+    ) -> tuple[tuple[Key, Any], ...]:
+        """``(key, value)`` pairs, in the order of ``keys`` with the same options."""
+        return tuple(_items(self, include_nested, leaves_only))
+
+    # ------------------------------------------------------------------ writing
+    def set(self, key: Key, value: Any) -> TensorDict:
+        """Return a new TensorDict with ``key`` set to ``value``; ``self`` is unchanged.
+
+        Example:
+            >>> td2 = td.set(("obs", "vel"), torch.zeros(5, 2))
+        """
+        if type(key) is str:
+            data = dict(self._data)
+            data[key] = _check_value((key,), value, self._batch_size, None)
+            return _new(data, self._batch_size)
+        return _set_path(self, _check_key(key), value, 0)
+
+    def update(self, other: Mapping[str, Any] | TensorDict) -> TensorDict:
+        """Return a new TensorDict with the entries of ``other`` added or replaced.
+
+        Nested mappings are merged into nested TensorDicts, not replaced whole.
+        """
+        items = other._data.items() if isinstance(other, TensorDict) else other.items()
+        bs = self._batch_size
+        data = dict(self._data)
+        for k, v in items:
+            old = data.get(k) if isinstance(k, str) else None
+            if isinstance(old, TensorDict) and isinstance(v, Mapping | TensorDict):
+                data[k] = old.update(v)
+            elif isinstance(k, str):
+                data[k] = _check_value((k,), v, bs, None)
+            else:
+                data = dict(_set_path(_new(data, bs), _check_key(k), v, 0)._data)
+        return _new(data, bs)
+
+    def select(self, *keys: Key, strict: bool = True) -> TensorDict:
+        """Return a new TensorDict with only ``keys`` (nested paths keep their parents).
+
+        Args:
+            strict: raise a KeyError for a missing key (else skip it).
+        """
+        out = _new({}, self._batch_size)
+        for key in keys:
+            value = self.get(key, _MISSING)
+            if value is _MISSING:
+                if strict:
+                    self.get(key)  # raises the detailed KeyError
+                continue
+            path = _check_key(key)
+            out = _set_path(out, path, value, 0, check=False, template=self)
+        return out
+
+    def exclude(self, *keys: Key) -> TensorDict:
+        """Return a new TensorDict without ``keys``; missing keys are ignored."""
+        data = dict(self._data)
+        for key in keys:
+            path = _check_key(key)
+            if len(path) == 1:
+                data.pop(path[0], None)
+            elif isinstance(data.get(path[0]), TensorDict):
+                data[path[0]] = data[path[0]].exclude(path[1:])
+        return _new(data, self._batch_size)
+
+    def rename(self, mapping: Mapping[Key, Key] | None = None, **names: str) -> TensorDict:
+        """Return a new TensorDict with keys renamed: ``td.rename({"x": "x0"})``.
+
+        Raises:
+            KeyError: an old key is missing.
+        """
+        pairs = {**(mapping or {}), **names}
+        values = {old: self.get(old) for old in pairs}
+        out = self.exclude(*pairs)
+        for old, new in pairs.items():
+            out = out.set(new, values[old])
+        return out
+
+    def apply(
+        self,
+        fn: Callable[..., torch.Tensor | None],
+        *others: TensorDict,
+        batch_size: Sequence[int] | None = None,
+    ) -> TensorDict:
+        """Map ``fn`` over the leaves (of ``self`` and ``others``, matched by key).
+
+        ``fn`` returning None drops the entry. The batch size is kept unless
+        ``batch_size`` is given (it is validated).
+
+        Example:
+            >>> td.apply(lambda x, y: x + y, td)
+        """
+        for i, o in enumerate(others):
+            if not isinstance(o, TensorDict):
+                raise TypeError(f"apply: argument {i + 1} is a {type(o).__name__}, not a TensorDict")
+        new_bs = None if batch_size is None else _check_batch_size(batch_size)
+        return _apply(self, fn, others, new_bs)
+
+    # --------------------------------------------------------- frozen-ness
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise E.FrozenError(E.SETATTR.format(name=name))
+
+    def __delattr__(self, name: str) -> None:
+        raise E.FrozenError(E.SETATTR.format(name=name))
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        raise E.FrozenError(E.SETITEM.format(key=E.fmt_key(key)))
+
+    def __delitem__(self, key: Any) -> None:
+        raise E.FrozenError(E.DELITEM.format(key=E.fmt_key(key)))
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for missing attributes: explain the pure alternative of
+        # tensordict's in-place methods (``set_``, ``update_``, ``apply_``...).
+        if name.endswith("_") and not name.startswith("_"):
+            pure = name.rstrip("_")
+            pure = pure if hasattr(TensorDict, pure) else "apply"
+            raise AttributeError(E.INPLACE.format(name=name, pure=pure))
+        raise AttributeError(f"'TensorDict' object has no attribute {name!r}")
+
+    def __reduce__(self):
+        return (TensorDict, (self._data, list(self._batch_size)))
+
+    def __repr__(self) -> str:
+        from ._repr import td_repr
+
+        return td_repr(self)
+
+    # --------------------------------------------------------- leafwise helpers
+    def to(self, *args: Any, **kwargs: Any) -> TensorDict:
+        """Apply ``Tensor.to(*args, **kwargs)`` to every leaf (device or dtype)."""
+        return self.apply(lambda x: x.to(*args, **kwargs))
+
+    def clone(self) -> TensorDict:
+        """A TensorDict of cloned leaves."""
+        return self.apply(torch.clone)
+
+    def detach(self) -> TensorDict:
+        """A TensorDict of detached leaves."""
+        return self.apply(torch.Tensor.detach)
+
+    def cpu(self) -> TensorDict:
+        return self.to("cpu")
+
+    def cuda(self, device: int | None = None) -> TensorDict:
+        return self.to("cuda" if device is None else f"cuda:{device}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A nested ``dict`` of the leaves (not copied)."""
+        return {k: v.to_dict() if isinstance(v, TensorDict) else v for k, v in self._data.items()}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], batch_size: Sequence[int] | None = None):
+        """Build from a nested dict; with ``batch_size=None`` the batch size is the
+        longest leading shape common to all leaves (as tensordict's ``from_dict``)."""
+        if batch_size is None:
+            shapes = [v.shape for v in _mapping_leaves(data)]
+            batch_size = _common_prefix(shapes)
+        return cls(data, batch_size)
+
+    # shape methods (implemented in _shape.py)
+    def reshape(self, *shape: int) -> TensorDict:
+        """Reshape the batch dims: ``td.reshape(2, -1)``."""
+        from ._shape import reshape
+
+        return reshape(self, *shape)
+
+    def unsqueeze(self, dim: int) -> TensorDict:
+        from ._shape import unsqueeze
+
+        return unsqueeze(self, dim)
+
+    def squeeze(self, dim: int | None = None) -> TensorDict:
+        from ._shape import squeeze
+
+        return squeeze(self, dim)
+
+    def expand(self, *shape: int) -> TensorDict:
+        from ._shape import expand
+
+        return expand(self, *shape)
+
+    def unbind(self, dim: int = 0) -> tuple[TensorDict, ...]:
+        from ._shape import unbind
+
+        return unbind(self, dim)
+
+
+def _cast(dtype: torch.dtype, name: str):
+    def method(self: TensorDict) -> TensorDict:
+        return self.apply(lambda x: x.to(dtype))
+
+    method.__name__ = name
+    method.__doc__ = f"Cast every leaf to {dtype}."
+    return method
+
+
+for _name, _dtype in [
+    ("float", torch.float32),
+    ("double", torch.float64),
+    ("half", torch.float16),
+    ("bfloat16", torch.bfloat16),
+    ("int", torch.int32),
+    ("long", torch.int64),
+    ("bool", torch.bool),
+]:
+    type.__setattr__(TensorDict, _name, _cast(_dtype, _name))
+
+
+# ---------------------------------------------------------------- internals
+def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
+    object.__setattr__(td, "_data", data)
+    object.__setattr__(td, "_batch_size", batch_size)
+    object.__setattr__(td, "_spec", None)
+
+
+def _new(data: dict, batch_size: torch.Size) -> TensorDict:
+    """Build without validation (internal: the caller guarantees the invariants)."""
+    td = object.__new__(TensorDict)
+    _init(td, data, batch_size)
+    return td
+
+
+def _check_value(path: tuple, value: Any, bs: torch.Size, device) -> Any:
+    n = len(bs)
+    if isinstance(value, torch.Tensor):
+        if value.shape[:n] != bs:
+            _raise_batch_mismatch(path, value.shape, bs)
+        if device is not None and value.device != device:
+            raise ValueError(
+                E.DEVICE_MISMATCH.format(
+                    device=str(device), key=E.fmt_key(path), leaf_device=value.device
+                )
+            )
+        return value
+    if isinstance(value, TensorDict):
+        if value._batch_size[:n] != bs:
+            _raise_batch_mismatch(path, value._batch_size, bs, nested=True)
+        if device is not None:
+            for k, leaf in value.items(True, True):
+                _check_value(path + _check_key(k), leaf, leaf.shape[:0], device)
+        return value
+    if isinstance(value, Mapping):
+        data = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                _check_key(k)
+                raise TypeError(f"nested mapping keys must be str; got {k!r} under {path!r}")
+            data[k] = _check_value((*path, k), v, bs, device)
+        return _new(data, bs)
+    raise TypeError(E.NON_TENSOR.format(key=E.fmt_key(path), type=type(value).__name__))
+
+
+def _raise_batch_mismatch(path, shape, bs, nested: bool = False):
+    what = "a nested TensorDict of batch_size" if nested else "shape"
+    msg = E.BATCH_MISMATCH.format(
+        key=E.fmt_key(path),
+        shape=list(shape),
+        batch_size=list(bs),
+        suggest=_common_prefix([torch.Size(shape), bs]),
+    )
+    raise ValueError(msg.replace("has shape", f"has {what}", 1))
+
+
+def _set_path(
+    td: TensorDict, path: tuple, value: Any, depth: int, check: bool = True, template=None
+) -> TensorDict:
+    head = path[0]
+    data = dict(td._data)
+    if len(path) == 1:
+        data[head] = _check_value(path, value, td._batch_size, None) if check else value
+        return _new(data, td._batch_size)
+    child = data.get(head, _MISSING)
+    if child is _MISSING:
+        # a new nested level takes the batch size of the template's level, if any
+        sub = template._data.get(head) if template is not None else None
+        child = _new({}, sub._batch_size if isinstance(sub, TensorDict) else td._batch_size)
+    elif not isinstance(child, TensorDict):
+        raise KeyError(
+            f"cannot set {E.fmt_key(path)}: {E.fmt_key(head)} holds a "
+            f"{type(child).__name__}, not a nested TensorDict."
+        )
+    sub_template = template._data.get(head) if template is not None else None
+    data[head] = _set_path(child, path[1:], value, depth + 1, check, sub_template)
+    return _new(data, td._batch_size)
+
+
+def _items(td: TensorDict, include_nested: bool, leaves_only: bool, prefix: tuple = ()):
+    for k, v in td._data.items():
+        key = (*prefix, k) if prefix else k
+        is_td = isinstance(v, TensorDict)
+        if not (leaves_only and is_td):
+            yield key, v
+        if is_td and include_nested:
+            yield from _items(v, include_nested, leaves_only, key if prefix else (k,))
+
+
+def _leaves(td: TensorDict) -> Iterator[torch.Tensor]:
+    for v in td._data.values():
+        if isinstance(v, TensorDict):
+            yield from _leaves(v)
+        else:
+            yield v
+
+
+def _mapping_leaves(data: Mapping) -> Iterator[torch.Tensor]:
+    for v in data.values():
+        if isinstance(v, Mapping | TensorDict):
+            yield from _mapping_leaves(v._data if isinstance(v, TensorDict) else v)
+        elif isinstance(v, torch.Tensor):
+            yield v
+
+
+def _apply(td: TensorDict, fn, others: tuple, new_bs, prefix: tuple = ()) -> TensorDict:
+    bs = td._batch_size if new_bs is None else new_bs
+    data = {}
+    for k, v in td._data.items():
+        try:
+            ov = [o._data[k] for o in others]
+        except KeyError:
+            missing = [i + 1 for i, o in enumerate(others) if k not in o._data]
+            raise KeyError(
+                f"apply: key {E.fmt_key((*prefix, k))} of the first TensorDict is missing in "
+                f"argument(s) {missing}; all TensorDicts given to apply must have the same keys."
+            ) from None
+        if isinstance(v, TensorDict):
+            data[k] = _apply(v, fn, ov, new_bs, (*prefix, k))
+        else:
+            r = fn(v, *ov)
+            if r is not None:
+                if not isinstance(r, torch.Tensor) or r.shape[: len(bs)] != bs:
+                    _check_value((*prefix, k), r, bs, None)  # raises the clear error
+                data[k] = r
+    return _new(data, bs)
