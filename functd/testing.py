@@ -87,7 +87,7 @@ def example_tensordicts() -> dict[str, TensorDict]:
     g = torch.Generator().manual_seed(0)
 
     def r(*shape, dtype=torch.float32):
-        x = torch.randn(*shape, generator=g)
+        x = torch.randn(shape, generator=g)
         return x.to(dtype) if dtype != torch.bool else x > 0
 
     return {
@@ -177,7 +177,7 @@ def tensordicts(
                 continue
             feat = draw(st.lists(st.integers(1, max_side), max_size=max_feature_dims))
             dtype = draw(st.sampled_from(list(dtypes)))
-            x = torch.randn(*bs, *feat, generator=g)
+            x = torch.randn((*bs, *feat), generator=g)
             if dtype == torch.bool:
                 x = x > 0
             elif not dtype.is_floating_point:
