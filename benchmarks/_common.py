@@ -1,0 +1,45 @@
+"""Shared helpers of the benchmark scripts: timing and table printing.
+
+Times are medians of ``torch.utils.benchmark.Timer.blocked_autorange``; the
+scripts print ratios against peers measured in the same run, since absolute
+times on shared machines mean little.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+
+import torch
+from torch.utils.benchmark import Timer
+
+MIN_RUN_TIME = float(os.environ.get("BENCH_MIN_RUN_TIME", "0.3"))
+
+
+def median_us(fn, min_run_time: float = MIN_RUN_TIME) -> float:
+    """Median time of ``fn()`` in microseconds."""
+    fn()
+    return Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e6
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return (
+        f"{datetime.date.today()}, {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
+
+
+def table(header: list[str], rows: list[list]) -> str:
+    def fmt(v):
+        return f"{v:.2f}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
+    return "\n".join(lines)

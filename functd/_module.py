@@ -1,0 +1,380 @@
+"""Module: one pure step ``(params, td) -> new td`` that reads and writes named entries.
+
+A Module is a frozen, hashable description: the function it applies, the keys
+it reads and the keys it writes. It holds no tensors. The function may be a
+functd pure layer (``fd.nn.Linear``), a ``torch.nn.Module`` (lowered to a pure
+layer when functd knows it, else run with ``torch.func.functional_call`` on a
+private copy) or any callable without parameters (``torch.relu``, a lambda).
+
+Example:
+    >>> lin = fd.Module(nn.Linear(3, 4), in_keys=["x"], out_keys=["h"])
+    >>> params = lin.init(fd.random.key(0))
+    >>> out = lin(params, fd.TensorDict({"x": torch.randn(5, 3)}, [5]))
+    >>> out["h"].shape
+    torch.Size([5, 4])
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from . import _errors as E
+from ._td import Key, TensorDict, _check_key, _new, _set_path
+
+__all__ = ["Module", "as_keys"]
+
+_EMPTY = None
+
+
+def _empty_params() -> TensorDict:
+    global _EMPTY
+    if _EMPTY is None:
+        _EMPTY = _new({}, torch.Size([]))
+    return _EMPTY
+
+
+def as_keys(keys: Any, what: str) -> tuple[Key, ...]:
+    """Normalise ``in_keys``/``out_keys``: a str, or a sequence of str/tuple keys."""
+    if isinstance(keys, str | tuple) and (isinstance(keys, str) or all(isinstance(k, str) for k in keys)):
+        keys = [keys]
+    if not isinstance(keys, Sequence):
+        raise TypeError(f"{what} must be a list of keys (str or tuple of str), got {keys!r}")
+    out = []
+    for k in keys:
+        path = _check_key(k)
+        out.append(path[0] if len(path) == 1 else path)
+    return tuple(out)
+
+
+def _kwarg_name(key: Key) -> str:
+    return key if isinstance(key, str) else "_".join(key)
+
+
+def _is_layer(fn: Any) -> bool:
+    from .nn import Layer
+
+    return isinstance(fn, Layer)
+
+
+def _lower(fn: torch.nn.Module):
+    from .nn import FunctionalCall, lower
+
+    layer = lower(fn)
+    return layer if layer is not None else FunctionalCall(fn)
+
+
+def _check_arity(fn: Callable, n: int, kwargs: tuple | None, label: str) -> None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # builtins such as torch.relu: nothing to check
+    params = list(sig.parameters.values())
+    if any(p.kind is p.VAR_POSITIONAL for p in params) and kwargs is None:
+        return
+    if kwargs is not None:
+        try:
+            sig.bind(**dict.fromkeys(kwargs))
+        except TypeError as e:
+            raise TypeError(f"{label}: the function cannot take keywords {list(kwargs)}: {e}") from None
+        return
+    try:
+        sig.bind(*range(n))
+    except TypeError:
+        required = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        raise TypeError(
+            f"{label}: the function takes {len(required)} positional argument(s) "
+            f"({', '.join(required)}) but in_keys has {n}; give one in_key per argument."
+        ) from None
+
+
+class Module:
+    """One pure step: read ``in_keys``, apply ``fn``, write ``out_keys``.
+
+    Args:
+        fn: a functd layer, a ``torch.nn.Module`` or a callable without params.
+        in_keys: keys read, passed positionally in order; or a dict mapping td
+            keys to keyword-argument names.
+        out_keys: keys written, one per output (a tuple output or a mapping
+            read by key).
+
+    Raises:
+        TypeError: keys are malformed, or a Python function's arity differs
+            from ``in_keys``.
+        ValueError: ``out_keys`` has duplicates.
+
+    Example:
+        >>> add = fd.Module(lambda x, y: x + y, in_keys=["x", "a"], out_keys=["y"])
+        >>> add(None, td)  # no params
+    """
+
+    __slots__ = ("_fn", "_has_params", "_kind", "_kwargs", "_random", "_source", "in_keys", "out_keys")
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        in_keys: Sequence[Key] | Mapping[Key, str] | Key,
+        out_keys: Sequence[Key] | Key,
+    ) -> None:
+        kwargs = None
+        if isinstance(in_keys, Mapping):
+            kwargs = tuple(in_keys.values())
+            in_keys = list(in_keys.keys())
+        ins = as_keys(in_keys, "in_keys")
+        outs = as_keys(out_keys, "out_keys")
+        if len(set(outs)) != len(outs):
+            dup = sorted({E.fmt_key(k) for k in outs if outs.count(k) > 1})
+            raise ValueError(f"Module out_keys has duplicates: {', '.join(dup)}; each output needs its own key.")
+        if not outs:
+            raise ValueError("Module needs at least one out_key.")
+        source = None
+        if isinstance(fn, torch.nn.Module) and not _is_layer(fn):
+            source, fn = fn, _lower(fn)
+        elif not callable(fn):
+            raise TypeError(f"Module(fn) takes a callable, a torch.nn.Module or a functd layer; got {type(fn).__name__}")
+        layer = _is_layer(fn)
+        set_ = object.__setattr__
+        set_(self, "_fn", fn)
+        set_(self, "_source", source)
+        set_(self, "in_keys", ins)
+        set_(self, "out_keys", outs)
+        set_(self, "_kwargs", kwargs)
+        set_(self, "_has_params", layer and fn.has_params)
+        set_(self, "_random", layer and fn.random)
+        # how _step calls fn: 0 layer with params, 1 layer without, 2 callable, 3 keywords
+        set_(self, "_kind", (0 if fn.has_params else 1) if layer else (3 if kwargs else 2))
+        if not layer:
+            _check_arity(fn, len(ins), kwargs, self._label())
+
+    # ---------------------------------------------------------------- value
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The function applied: a functd layer or a plain callable."""
+        return self._fn
+
+    @property
+    def has_params(self) -> bool:
+        return self._has_params
+
+    @property
+    def random(self) -> bool:
+        """True when a call needs a PRNG ``key``."""
+        return self._random
+
+    def _identity(self) -> tuple:
+        return (self._fn, self.in_keys, self.out_keys, self._kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Module and self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise E.FrozenError(f"Module is immutable: cannot set {name!r}; build a new Module instead.")
+
+    def _label(self) -> str:
+        name = getattr(self._fn, "__name__", None) or type(self._fn).__name__
+        if name == "<lambda>":
+            name = "lambda"
+        outs = ", ".join(E.fmt_key(k) for k in self.out_keys)
+        return f"Module({name} -> {outs})"
+
+    def __repr__(self) -> str:
+        fn = self._fn if _is_layer(self._fn) else getattr(self._fn, "__name__", type(self._fn).__name__)
+        return f"Module({fn}, in_keys={list(self.in_keys)}, out_keys={list(self.out_keys)})"
+
+    def __rshift__(self, other: Any):
+        from ._sequential import Sequential
+
+        return Sequential(self, other)
+
+    # ---------------------------------------------------------------- params
+    def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
+        """Fresh parameters (a TensorDict), deterministic in ``key``; empty when none.
+
+        ``key`` is a ``fd.random`` key (or an int seed). Usable under vmap over keys.
+        """
+        if not self._has_params:
+            return _new({}, torch.Size([]))
+        return self._fn.init(key, dtype=dtype, device=device)
+
+    # ---------------------------------------------------------------- call
+    def __call__(self, params: TensorDict | None = None, td: TensorDict | None = None, /, *, key: Any = None, **tensors: torch.Tensor):
+        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``."""
+        if td is None:
+            return _keyword_call(self, params, key, tensors)
+        if tensors:
+            raise TypeError(f"{self._label()}: pass either a TensorDict or keyword tensors, not both.")
+        if not isinstance(td, TensorDict):
+            _bad_td(self, params, td)
+        data = dict(td._data)
+        self._step(params, data, td._batch_size, key)
+        return _new(data, td._batch_size)
+
+    def _step(self, params: TensorDict | None, data: dict, bs: torch.Size, key: Any) -> None:
+        """Read from the working dict ``data``, compute, write into it (internal)."""
+        args = []
+        for k in self.in_keys:
+            v = data.get(k, _NOPE) if type(k) is str else _get_path(data, k)
+            if v is _NOPE:
+                _missing_input(self, k, data)
+            args.append(v)
+        fn, kind = self._fn, self._kind
+        if kind == 2:
+            out = fn(*args)
+        elif kind == 0:
+            if type(params) is not TensorDict:
+                _bad_params(self, params)
+            if params._checked is not fn:
+                _check_params(self, params)
+            out = fn(params, *args, key=key) if self._random else fn(params, *args)
+        elif kind == 1:
+            p = _empty_params()
+            out = fn(p, *args, key=key) if self._random else fn(p, *args)
+        else:
+            out = fn(**dict(zip(self._kwargs, args)))
+        outs = self.out_keys
+        if len(outs) == 1 and isinstance(out, torch.Tensor):
+            _write(self, data, bs, outs[0], out)
+            return
+        if isinstance(out, Mapping):
+            for k in outs:
+                if k not in out:
+                    raise KeyError(f"{self._label()}: the function returned a mapping without {E.fmt_key(k)}; it has {E.fmt_keys(out)}.")
+                _write(self, data, bs, k, out[k])
+            return
+        if not isinstance(out, tuple | list):
+            out = (out,)
+        if len(out) != len(outs):
+            raise ValueError(
+                f"{self._label()}: the function returned {len(out)} output(s) but out_keys has "
+                f"{len(outs)} ({E.fmt_keys(outs)}); give one out_key per output."
+            )
+        for k, v in zip(outs, out):
+            _write(self, data, bs, k, v)
+
+
+_NOPE = object()
+
+
+def _get_path(data: dict, key: tuple) -> Any:
+    v = data.get(key[0], _NOPE)
+    for part in key[1:]:
+        if type(v) is not TensorDict:
+            return _NOPE
+        v = v._data.get(part, _NOPE)
+    return v
+
+
+def _write(m: Module, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
+    if not isinstance(value, torch.Tensor):
+        if isinstance(value, TensorDict) and value._batch_size[: len(bs)] == bs:
+            pass
+        else:
+            raise TypeError(
+                f"{m._label()}: output {E.fmt_key(key)} is a {type(value).__name__}, not a tensor. "
+                "Return tensors (or a tuple of them, one per out_key)."
+            )
+    elif value.shape[: len(bs)] != bs:
+        raise ValueError(
+            f"{m._label()}: output {E.fmt_key(key)} has shape {list(value.shape)}, which does not "
+            f"start with the batch size {list(bs)} of the tensordict. Keep the batch dims in front."
+        )
+    if type(key) is str:
+        data[key] = value
+    else:
+        head = data.get(key[0], _NOPE)
+        child = head if type(head) is TensorDict else _new({}, bs)
+        data[key[0]] = _set_path(child, key[1:], value, 1, check=False)
+
+
+def _missing_input(m: Module, key: Key, data: dict):
+    has = E.fmt_keys(_TensorDictKeys(data))
+    raise KeyError(f"{m._label()} reads {E.fmt_key(key)}, which the tensordict lacks; it has: {has}")
+
+
+def _TensorDictKeys(data: dict) -> list:
+    out = []
+    for k, v in data.items():
+        if type(v) is TensorDict:
+            out.extend((k, *(sk if isinstance(sk, tuple) else (sk,))) for sk in v.keys(True, True))
+        else:
+            out.append(k)
+    return out
+
+
+def _bad_td(m, params, td):
+    if isinstance(params, TensorDict) and td is None:
+        raise TypeError(f"{m._label()} takes (params, td); got one TensorDict.")
+    raise TypeError(
+        f"{m._label()}: the second argument must be a TensorDict, got {type(td).__name__}. "
+        "Call m(params, td) or m(params, x=tensor)."
+    )
+
+
+def _bad_params(m: Module, params: Any):
+    what = "nothing" if params is None else f"a {type(params).__name__}"
+    raise TypeError(
+        f"{m._label()} has parameters but was given {what} as params. Call "
+        "m(params, td) with params = m.init(fd.random.key(0)) or fd.from_module(m)."
+    )
+
+
+_LAYOUTS: dict = {}
+
+
+def _layout(fn) -> dict:
+    """Expected {path: shape} of a layer's params (computed once per layer value)."""
+    lay = _LAYOUTS.get(fn)
+    if lay is None:
+        shapes = getattr(fn, "param_shapes", None)
+        if shapes is not None:
+            lay = dict(shapes())
+        else:
+            with torch.device("meta"):
+                p = fn.init(0)
+            lay = {k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)}
+        _LAYOUTS[fn] = lay
+    return lay
+
+
+def _check_params(m: Module, params: TensorDict) -> None:
+    expected = _layout(m._fn)
+    got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
+    missing = [k for k in expected if k not in got]
+    extra = [k for k in got if k not in expected]
+    if missing or extra:
+        raise KeyError(
+            f"{m._label()}: params do not match the layout of {m._fn!r}: missing "
+            f"{E.fmt_keys(missing)}; unexpected {E.fmt_keys(extra)}. Were these params made "
+            "for another module? Use m.init(key) or fd.from_module(m)."
+        )
+    for k, shape in expected.items():
+        if tuple(got[k].shape) != tuple(shape):
+            raise ValueError(
+                f"{m._label()}: params entry {E.fmt_key(k)} has shape {list(got[k].shape)}, "
+                f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
+            )
+    object.__setattr__(params, "_checked", m._fn)
+
+
+def _keyword_call(m, params, key, tensors: dict):
+    """``m(params, x=x)``: build the td from keyword tensors, return the out tensors."""
+    names = {_kwarg_name(k): k for k in m.in_keys}
+    unknown = [n for n in tensors if n not in names]
+    missing = [n for n in names if n not in tensors]
+    if unknown or missing:
+        raise TypeError(
+            f"{m._label()}: keyword call got unknown name(s) {unknown or '(none)'} and lacks "
+            f"{missing or '(none)'}; it takes {list(names)}."
+        )
+    td = TensorDict({}, [])
+    for n, v in tensors.items():
+        td = td.set(names[n], v)
+    out = m(params, td, key=key)
+    vals = tuple(out.get(k) for k in m.out_keys)
+    return vals[0] if len(vals) == 1 else vals

@@ -1,0 +1,216 @@
+"""Sequential: composition of modules, ``a >> b >> c``.
+
+Each module reads the entries written by the ones before it; every entry is
+kept unless outputs are selected, and the input keys always stay. Parameters
+nest by position (``params["0", "weight"]``); a module without parameters
+contributes nothing. Nested Sequentials flatten, so composition is associative,
+and Sequentials compare and hash by value.
+
+Example:
+    >>> block = fd.Sequential(lin, act, add)          # or lin >> act >> add
+    >>> params = block.init(fd.random.key(0))
+    >>> out = block(params, td)                       # new td with every entry
+    >>> y = block.select_out_keys("y")(params, x=x)   # one tensor
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from . import _errors as E
+from ._module import Module, _bad_td, _keyword_call, as_keys
+from ._td import Key, TensorDict, _new
+
+__all__ = ["Sequential"]
+
+
+def _flatten(modules: Sequence[Any]) -> list[Module | Sequential]:
+    flat: list = []
+    for i, m in enumerate(modules):
+        if isinstance(m, Sequential) and m.selected_out_keys is None:
+            flat.extend(m.modules)
+        elif isinstance(m, Module | Sequential):
+            flat.append(m)
+        else:
+            raise TypeError(
+                f"Sequential: argument {i} is a {type(m).__name__}; Sequential chains fd.Module "
+                "and fd.Sequential. Wrap functions and torch modules with "
+                "fd.Module(fn, in_keys=[...], out_keys=[...])."
+            )
+    return flat
+
+
+class Sequential:
+    """Compose modules; ``selected_out_keys`` keeps only those outputs (plus the inputs).
+
+    Attributes:
+        modules: the flattened tuple of modules.
+        in_keys: keys read before any module writes them.
+        out_keys: keys written (or the selected ones), in order of first write.
+
+    Raises:
+        TypeError: an argument is not a Module or Sequential.
+        KeyError: a selected key is written by no module.
+    """
+
+    __slots__ = ("_all_out", "_drop", "_random", "_steps", "in_keys", "modules", "names", "out_keys", "selected_out_keys")
+
+    def __init__(self, *modules: Module | Sequential, selected_out_keys: Sequence[Key] | None = None, _names: Sequence[str] | None = None) -> None:
+        if len(modules) == 1 and isinstance(modules[0], list | tuple):
+            modules = tuple(modules[0])
+        if not modules:
+            raise ValueError("Sequential needs at least one module.")
+        flat = tuple(_flatten(modules))
+        names = tuple(_names) if _names is not None else tuple(str(i) for i in range(len(flat)))
+        ins: list = []
+        outs: list = []
+        for m in flat:
+            ins.extend(k for k in m.in_keys if k not in outs and k not in ins)
+            outs.extend(k for k in m.out_keys if k not in outs)
+        sel = None
+        if selected_out_keys is not None:
+            sel = as_keys(list(selected_out_keys), "selected_out_keys")
+            bad = [k for k in sel if k not in outs]
+            if bad:
+                raise KeyError(
+                    f"Sequential.select_out_keys: no module writes {E.fmt_keys(bad)}; "
+                    f"the modules write: {E.fmt_keys(outs)}."
+                )
+        set_ = object.__setattr__
+        set_(self, "modules", flat)
+        set_(self, "names", names)
+        set_(self, "selected_out_keys", sel)
+        set_(self, "in_keys", tuple(ins))
+        set_(self, "_all_out", tuple(outs))
+        set_(self, "out_keys", sel if sel is not None else tuple(outs))
+        set_(self, "_drop", tuple(k for k in outs if sel is not None and k not in sel and k not in ins))
+        set_(self, "_random", any(m.random for m in flat))
+        steps = tuple((n, m, m.has_params, m.random, int(n), m._step) for n, m in zip(names, flat))
+        set_(self, "_steps", steps)
+
+    # ---------------------------------------------------------------- value
+    @property
+    def has_params(self) -> bool:
+        return any(m.has_params for m in self.modules)
+
+    @property
+    def random(self) -> bool:
+        """True when a call needs a PRNG ``key`` (some module is random)."""
+        return self._random
+
+    def _identity(self) -> tuple:
+        return (self.modules, self.names, self.selected_out_keys)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Sequential and self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise E.FrozenError(
+            f"Sequential is immutable: cannot set {name!r}. select_out_keys(...) and "
+            "indexing return new Sequentials."
+        )
+
+    def __len__(self) -> int:
+        return len(self.modules)
+
+    def __iter__(self) -> Iterator[Module | Sequential]:
+        return iter(self.modules)
+
+    def __getitem__(self, index: int | slice) -> Sequential:
+        """A Sequential of the chosen module(s) whose params layout matches: it takes
+        the full params (the entries keep their names)."""
+        if isinstance(index, slice):
+            mods, names = self.modules[index], self.names[index]
+        else:
+            mods, names = (self.modules[index],), (self.names[index],)
+        return Sequential(*mods, _names=names)
+
+    def __rshift__(self, other: Any) -> Sequential:
+        return Sequential(self, other)
+
+    def __repr__(self) -> str:
+        body = ",\n".join(f"  {n}: {m!r}" for n, m in zip(self.names, self.modules))
+        sel = f",\n  selected_out_keys={list(self.selected_out_keys)}" if self.selected_out_keys else ""
+        return f"Sequential(\n{body}{sel})"
+
+    def select_out_keys(self, *keys: Key) -> Sequential:
+        """A new Sequential that keeps only ``keys`` of the outputs (the inputs stay).
+
+        Raises:
+            KeyError: a key is written by no module.
+        """
+        return Sequential(*self.modules, selected_out_keys=keys, _names=self.names)
+
+    # ---------------------------------------------------------------- params
+    def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
+        """Fresh parameters nested by position; module ``i`` gets ``fold_in(key, i)``."""
+        from .nn import as_key
+        from .random import fold_in
+
+        key = as_key(key)
+        data = {}
+        for name, m, has_p, _, idx, _ in self._steps:
+            if has_p:
+                data[name] = m.init(fold_in(key, idx), dtype=dtype, device=device)
+        return _new(data, torch.Size([]))
+
+    # ---------------------------------------------------------------- call
+    def __call__(self, params: TensorDict | None = None, td: TensorDict | None = None, /, *, key: Any = None, **tensors: torch.Tensor):
+        """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``."""
+        if td is None:
+            return _keyword_call(self, params, key, tensors)
+        if tensors:
+            raise TypeError("Sequential: pass either a TensorDict or keyword tensors, not both.")
+        if not isinstance(td, TensorDict):
+            _bad_td(self, params, td)
+        data = dict(td._data)
+        self._step(params, data, td._batch_size, key)
+        return _new(data, td._batch_size)
+
+    def _label(self) -> str:
+        return f"Sequential({len(self.modules)} modules -> {E.fmt_keys(self.out_keys)})"
+
+    def _step(self, params: TensorDict | None, data: dict, bs: torch.Size, key: Any) -> None:
+        pdata = params._data if type(params) is TensorDict else None
+        present = set(data) if self._drop else None
+        for name, m, has_p, rnd, idx, step in self._steps:
+            p = None
+            if has_p:
+                if pdata is None:
+                    self._bad_params(params, name, m)
+                p = pdata.get(name)
+                if p is None:
+                    self._bad_params(params, name, m)
+            k = key
+            if rnd and key is not None:
+                from .random import fold_in
+
+                k = fold_in(key, idx)
+            step(p, data, bs, k)
+        for k in self._drop:
+            head = k if type(k) is str else k[0]
+            if head in present and type(k) is str:
+                continue
+            if type(k) is str:
+                data.pop(k, None)
+            elif type(data.get(head)) is TensorDict:
+                data[head] = data[head].exclude(k[1:])
+
+    def _bad_params(self, params: Any, name: str, m: Any):
+        if type(params) is not TensorDict:
+            what = "nothing" if params is None else f"a {type(params).__name__}"
+            raise TypeError(
+                f"{self._label()} has parameters but was given {what} as params. Call "
+                "seq(params, td) with params = seq.init(fd.random.key(0)) or fd.from_module(seq)."
+            )
+        raise KeyError(
+            f"{self._label()}: params lack entry {name!r} for module {name} ({m._label()}); "
+            f"params have: {E.fmt_keys(params.keys())}. Were they made for another module? "
+            "Use seq.init(key) or fd.from_module(seq)."
+        )
