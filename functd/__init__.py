@@ -8,6 +8,8 @@ Example:
 """
 
 from . import _tree
+from . import nn as nn
+from . import random as random
 from . import testing as testing
 from ._io import load as load
 from ._module import Module as Module

@@ -364,6 +364,13 @@ def _check_params(m: Module, params: TensorDict) -> None:
 
 def _keyword_call(m, params, key, tensors: dict):
     """``m(params, x=x)``: build the td from keyword tensors, return the out tensors."""
+    if not tensors:
+        if isinstance(params, TensorDict):
+            raise TypeError(
+                f"{m._label()} takes (params, td); got one TensorDict. Call m(params, td); a "
+                "module without parameters takes m(None, td)."
+            )
+        raise TypeError(f"{m._label()} takes (params, td) or (params, **tensors); got no data.")
     names = {_kwarg_name(k): k for k in m.in_keys}
     unknown = [n for n in tensors if n not in names]
     missing = [n for n in names if n not in tensors]
