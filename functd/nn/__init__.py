@@ -1,0 +1,115 @@
+"""Pure layers: frozen dataclasses of static config; parameters are passed in.
+
+Every layer follows one protocol: ``layer.init(key)`` draws a TensorDict of
+parameters named exactly like the matching torch module's ``state_dict()``,
+and ``layer(params, *inputs, key=None)`` is a pure function. ``lower`` maps a
+torch module onto its pure layer; ``FunctionalCall`` runs any other module;
+``state_to_td`` / ``load_td`` move weights between the two worlds. See
+``functd/nn/README.md`` for why the code looks the way it does.
+
+Example:
+    >>> import torch, functd as fd, functd.nn as fnn
+    >>> mlp = fnn.MLP(3, 1, num_cells=(32, 32))
+    >>> params = mlp.init(fd.random.key(0))
+    >>> mlp(params, torch.zeros(8, 3)).shape
+    torch.Size([8, 1])
+    >>> layer = fnn.lower(torch.nn.Linear(3, 4))
+    >>> layer == fnn.Linear(3, 4)
+    True
+"""
+
+from ._activation import CELU as CELU
+from ._activation import ELU as ELU
+from ._activation import GELU as GELU
+from ._activation import SELU as SELU
+from ._activation import Hardsigmoid as Hardsigmoid
+from ._activation import Hardswish as Hardswish
+from ._activation import Hardtanh as Hardtanh
+from ._activation import LeakyReLU as LeakyReLU
+from ._activation import LogSigmoid as LogSigmoid
+from ._activation import LogSoftmax as LogSoftmax
+from ._activation import Mish as Mish
+from ._activation import PReLU as PReLU
+from ._activation import ReLU as ReLU
+from ._activation import ReLU6 as ReLU6
+from ._activation import Sigmoid as Sigmoid
+from ._activation import SiLU as SiLU
+from ._activation import Softmax as Softmax
+from ._activation import Softplus as Softplus
+from ._activation import Softsign as Softsign
+from ._activation import Tanh as Tanh
+from ._activation import Tanhshrink as Tanhshrink
+from ._attention import MultiheadAttention as MultiheadAttention
+from ._base import Layer as Layer
+from ._base import ParamSpec as ParamSpec
+from ._base import as_key as as_key
+from ._chain import Chain as Chain
+from ._conv import Conv1d as Conv1d
+from ._conv import Conv2d as Conv2d
+from ._conv import Conv3d as Conv3d
+from ._conv import ConvTranspose1d as ConvTranspose1d
+from ._conv import ConvTranspose2d as ConvTranspose2d
+from ._conv import ConvTranspose3d as ConvTranspose3d
+from ._convert import load_td as load_td
+from ._convert import state_to_td as state_to_td
+from ._dropout import Dropout as Dropout
+from ._embedding import Embedding as Embedding
+from ._linear import Bilinear as Bilinear
+from ._linear import Flatten as Flatten
+from ._linear import Identity as Identity
+from ._linear import Linear as Linear
+from ._lower import FunctionalCall as FunctionalCall
+from ._lower import lower as lower
+from ._mlp import MLP as MLP
+from ._norm import GroupNorm as GroupNorm
+from ._norm import LayerNorm as LayerNorm
+from ._norm import RMSNorm as RMSNorm
+from ._recurrent import GRUCell as GRUCell
+from ._recurrent import LSTMCell as LSTMCell
+from ._recurrent import RNNCell as RNNCell
+
+#: Every public pure layer class (the conformance registry checks each has a case).
+LAYERS: tuple[type, ...] = (
+    Bilinear,
+    CELU,
+    Chain,
+    Conv1d,
+    Conv2d,
+    Conv3d,
+    ConvTranspose1d,
+    ConvTranspose2d,
+    ConvTranspose3d,
+    Dropout,
+    ELU,
+    Embedding,
+    Flatten,
+    GELU,
+    GroupNorm,
+    GRUCell,
+    Hardsigmoid,
+    Hardswish,
+    Hardtanh,
+    Identity,
+    LayerNorm,
+    LeakyReLU,
+    Linear,
+    LogSigmoid,
+    LogSoftmax,
+    LSTMCell,
+    Mish,
+    MLP,
+    MultiheadAttention,
+    PReLU,
+    ReLU,
+    ReLU6,
+    RMSNorm,
+    RNNCell,
+    SELU,
+    Sigmoid,
+    SiLU,
+    Softmax,
+    Softplus,
+    Softsign,
+    Tanh,
+    Tanhshrink,
+)

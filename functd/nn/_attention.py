@@ -1,0 +1,148 @@
+"""MultiheadAttention over ``F.multi_head_attention_forward``."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._td import TensorDict
+from ._base import Layer, ParamSpec, constant, fan_in_bound, normal, uniform, xavier_uniform
+
+__all__ = ["MultiheadAttention"]
+
+
+@dataclasses.dataclass(frozen=True)
+class MultiheadAttention(Layer):
+    """Multi-head attention; the pure counterpart of ``torch.nn.MultiheadAttention``.
+
+    Args:
+        embed_dim: model dim ``E`` (the query's last dim).
+        num_heads: number of heads (must divide ``embed_dim``).
+        bias: learn ``in_proj_bias`` and ``out_proj.bias`` (zeros at init).
+        add_bias_kv: learn ``bias_k`` and ``bias_v`` appended to the keys/values.
+        add_zero_attn: append a zero key/value.
+        kdim: the key's last dim (default ``embed_dim``).
+        vdim: the value's last dim (default ``embed_dim``).
+        batch_first: inputs are ``(N, L, E)`` rather than ``(L, N, E)``.
+
+    Parameters, named as in ``state_dict()``: ``in_proj_weight`` ``(3E, E)``
+    (or ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` when ``kdim`` or
+    ``vdim`` differ from ``E``; xavier-uniform), ``in_proj_bias``,
+    ``out_proj.weight`` (as ``Linear(E, E)``), ``out_proj.bias``, ``bias_k``, ``bias_v``.
+
+    Attention dropout is not offered: torch draws it from its global
+    generator; ``lower`` keeps a training-mode module with ``dropout > 0`` as a
+    ``FunctionalCall``.
+
+    Call: ``mha(params, query, key_, value, key_padding_mask=None,
+    need_weights=True, attn_mask=None, average_attn_weights=True,
+    is_causal=False)`` returns ``(attn_output, attn_weights)`` like torch (the
+    attention key is the positional ``key_``; the keyword ``key=`` is the PRNG
+    key of the layer protocol, unused here).
+
+    Example:
+        >>> mha = MultiheadAttention(8, 2, batch_first=True)
+        >>> x = torch.randn(3, 5, 8)
+        >>> out, weights = mha(mha.init(0), x, x, x)
+        >>> out.shape, weights.shape
+        (torch.Size([3, 5, 8]), torch.Size([3, 5, 5]))
+    """
+
+    embed_dim: int
+    num_heads: int
+    bias: bool = True
+    add_bias_kv: bool = False
+    add_zero_attn: bool = False
+    kdim: int | None = None
+    vdim: int | None = None
+    batch_first: bool = False
+
+    def __post_init__(self) -> None:
+        if self.embed_dim <= 0 or self.num_heads <= 0:
+            raise ValueError(
+                f"embed_dim and num_heads must be greater than 0, got embed_dim="
+                f"{self.embed_dim} and num_heads={self.num_heads} instead"
+            )
+        if self.embed_dim % self.num_heads != 0:
+            raise ValueError("embed_dim must be divisible by num_heads")
+        if self.kdim is None:
+            object.__setattr__(self, "kdim", self.embed_dim)
+        if self.vdim is None:
+            object.__setattr__(self, "vdim", self.embed_dim)
+        object.__setattr__(
+            self, "_same_dim", self.kdim == self.embed_dim and self.vdim == self.embed_dim
+        )
+
+    def _specs(self) -> dict[str, Any]:
+        e, zeros = self.embed_dim, constant(0.0)
+        if self._same_dim:
+            specs = {"in_proj_weight": ParamSpec((3 * e, e), xavier_uniform(e, 3 * e))}
+        else:
+            specs = {
+                "q_proj_weight": ParamSpec((e, e), xavier_uniform(e, e)),
+                "k_proj_weight": ParamSpec((e, self.kdim), xavier_uniform(self.kdim, e)),
+                "v_proj_weight": ParamSpec((e, self.vdim), xavier_uniform(self.vdim, e)),
+            }
+        if self.bias:
+            specs["in_proj_bias"] = ParamSpec((3 * e,), zeros)
+        if self.add_bias_kv:
+            # xavier_normal_ of a (1, 1, E) tensor: fan_in = fan_out = E
+            specs["bias_k"] = ParamSpec((1, 1, e), normal((1.0 / e) ** 0.5))
+            specs["bias_v"] = ParamSpec((1, 1, e), normal((1.0 / e) ** 0.5))
+        out = {"weight": ParamSpec((e, e), uniform(fan_in_bound(e)))}
+        if self.bias:
+            out["bias"] = ParamSpec((e,), zeros)
+        specs["out_proj"] = out  # a child module: last in state_dict()
+        return specs
+
+    def __call__(
+        self,
+        params: TensorDict,
+        query: Tensor,
+        key_: Tensor,
+        value: Tensor,
+        key_padding_mask: Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+        *,
+        key: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor | None]:
+        d = params._data
+        out_proj = d["out_proj"]._data
+        batched = query.dim() == 3
+        if self.batch_first and batched:
+            query, key_, value = query.transpose(1, 0), key_.transpose(1, 0), value.transpose(1, 0)
+        separate = not self._same_dim
+        out, weights = F.multi_head_attention_forward(
+            query,
+            key_,
+            value,
+            self.embed_dim,
+            self.num_heads,
+            d.get("in_proj_weight"),
+            d.get("in_proj_bias"),
+            d.get("bias_k"),
+            d.get("bias_v"),
+            self.add_zero_attn,
+            0.0,
+            out_proj["weight"],
+            out_proj.get("bias"),
+            training=False,
+            key_padding_mask=key_padding_mask,
+            need_weights=need_weights,
+            attn_mask=attn_mask,
+            use_separate_proj_weight=separate,
+            q_proj_weight=d.get("q_proj_weight"),
+            k_proj_weight=d.get("k_proj_weight"),
+            v_proj_weight=d.get("v_proj_weight"),
+            average_attn_weights=average_attn_weights,
+            is_causal=is_causal,
+        )
+        if self.batch_first and batched:
+            out = out.transpose(1, 0)
+        return out, weights

@@ -1,0 +1,67 @@
+"""Dropout with an explicit PRNG key."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import Tensor
+
+from .. import random as fr
+from .._td import TensorDict
+from ._base import Layer, as_key
+
+__all__ = ["Dropout"]
+
+KEY_REQUIRED = (
+    "Dropout(p={p}) needs a PRNG key when it is not in inference mode: pass one at "
+    "call time, e.g. `m(params, td, key=fd.random.key(0))` (split a fresh key for each "
+    "step), or build the layer with `Dropout({p}, inference=True)` (or lower a module "
+    "in eval() mode) to make it the identity."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Dropout(Layer):
+    """Zero each element with probability ``p`` and scale the rest by ``1/(1-p)``.
+
+    The mask is ``functd.random.bernoulli(key, 1 - p, x.shape)``: the same key
+    gives the same mask; torch's global generator is never used.
+
+    Args:
+        p: the probability of zeroing an element, in ``[0, 1]``.
+        inference: when True the layer is the identity (torch's ``eval()``
+            mode) and needs no key.
+
+    Raises:
+        ValueError: ``p`` is outside ``[0, 1]``; or, at call time, ``key`` is
+            missing while the layer is random.
+
+    Example:
+        >>> drop = Dropout(0.5)
+        >>> y = drop(drop.init(0), torch.ones(4), key=functd.random.key(0))
+        >>> Dropout(0.5, inference=True)(drop.init(0), torch.ones(2)).tolist()
+        [1.0, 1.0]
+    """
+
+    p: float = 0.5
+    inference: bool = False
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.p <= 1.0:
+            raise ValueError(f"Dropout probability has to be between 0 and 1, but got {self.p}")
+
+    @property
+    def random(self) -> bool:  # type: ignore[override]
+        """True unless ``inference`` or ``p == 0``: then the call needs a ``key``."""
+        return not self.inference and self.p > 0.0
+
+    def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | int | None = None) -> Tensor:
+        p = self.p
+        if self.inference or p == 0.0:
+            return x
+        if key is None:
+            raise ValueError(KEY_REQUIRED.format(p=p))
+        if p == 1.0:  # as torch: x * 0 (keeps NaNs and the autograd graph)
+            return x * x.new_zeros(())
+        keep = fr.bernoulli(as_key(key), 1.0 - p, x.shape)
+        return x * (keep.to(x.dtype) / (1.0 - p))  # torch: x * (mask / (1 - p))

@@ -1,0 +1,123 @@
+"""Linear, Bilinear, Identity and Flatten."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._td import TensorDict
+from ._base import Layer, ParamSpec, fan_in_bound, uniform
+
+__all__ = ["Bilinear", "Flatten", "Identity", "Linear"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Linear(Layer):
+    """``y = x @ weight.T + bias``; the pure counterpart of ``torch.nn.Linear``.
+
+    Args:
+        in_features: size of the last input dim.
+        out_features: size of the last output dim.
+        bias: whether to add a learned bias (else the ``"bias"`` key is absent).
+
+    Parameters (as ``nn.Linear``): ``weight`` ``(out_features, in_features)``
+    and ``bias`` ``(out_features,)``, both ``U(-1/sqrt(in_features), 1/sqrt(in_features))``.
+
+    Example:
+        >>> lin = Linear(3, 4)
+        >>> params = lin.init(functd.random.key(0))
+        >>> lin(params, torch.zeros(2, 3)).shape
+        torch.Size([2, 4])
+    """
+
+    in_features: int
+    out_features: int
+    bias: bool = True
+
+    def _specs(self) -> dict[str, Any]:
+        init = uniform(fan_in_bound(self.in_features))
+        specs = {"weight": ParamSpec((self.out_features, self.in_features), init)}
+        if self.bias:
+            specs["bias"] = ParamSpec((self.out_features,), init)
+        return specs
+
+    def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
+        d = params._data
+        return F.linear(x, d["weight"], d.get("bias"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Bilinear(Layer):
+    """``y = x1 @ weight @ x2 + bias``; the pure counterpart of ``torch.nn.Bilinear``.
+
+    Args:
+        in1_features: size of the last dim of the first input.
+        in2_features: size of the last dim of the second input.
+        out_features: size of the last output dim.
+        bias: whether to add a learned bias.
+
+    Parameters: ``weight`` ``(out, in1, in2)`` and ``bias`` ``(out,)``, both
+    ``U(-1/sqrt(in1_features), 1/sqrt(in1_features))``.
+
+    Example:
+        >>> bil = Bilinear(2, 3, 4)
+        >>> bil(bil.init(0), torch.zeros(5, 2), torch.zeros(5, 3)).shape
+        torch.Size([5, 4])
+    """
+
+    in1_features: int
+    in2_features: int
+    out_features: int
+    bias: bool = True
+
+    def _specs(self) -> dict[str, Any]:
+        init = uniform(fan_in_bound(self.in1_features))
+        shape = (self.out_features, self.in1_features, self.in2_features)
+        specs = {"weight": ParamSpec(shape, init)}
+        if self.bias:
+            specs["bias"] = ParamSpec((self.out_features,), init)
+        return specs
+
+    def __call__(
+        self, params: TensorDict, x1: Tensor, x2: Tensor, *, key: Tensor | None = None
+    ) -> Tensor:
+        # F.bilinear has no vmap batching rule (a slow per-sample fallback): use einsum
+        d = params._data
+        y = torch.einsum("...i,oij,...j->...o", x1, d["weight"], x2)
+        b = d.get("bias")
+        return y if b is None else y + b
+
+
+@dataclasses.dataclass(frozen=True)
+class Identity(Layer):
+    """Return the first input unchanged (extra inputs are ignored, as ``nn.Identity``).
+
+    Example:
+        >>> Identity()(Identity().init(0), torch.ones(2)).tolist()
+        [1.0, 1.0]
+    """
+
+    def __call__(
+        self, params: TensorDict, x: Any, *args: Any, key: Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        return x
+
+
+@dataclasses.dataclass(frozen=True)
+class Flatten(Layer):
+    """``x.flatten(start_dim, end_dim)``, as ``torch.nn.Flatten``.
+
+    Example:
+        >>> Flatten()(Flatten().init(0), torch.zeros(2, 3, 4)).shape
+        torch.Size([2, 12])
+    """
+
+    start_dim: int = 1
+    end_dim: int = -1
+
+    def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
+        return x.flatten(self.start_dim, self.end_dim)

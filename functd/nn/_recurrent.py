@@ -1,0 +1,199 @@
+"""Recurrent cells: RNNCell, GRUCell, LSTMCell (one step; the state is passed in and out).
+
+The cells are written with ``F.linear`` and elementwise ops, in the order of
+ATen's CPU implementation (``aten/src/ATen/native/RNN.cpp``), rather than
+through ``torch.gru_cell``/``torch.lstm_cell``: those have no ``vmap``
+batching rule (``lstm_cell`` cannot be vmapped at all, the others fall back to
+a slow per-sample loop), and ensembles of cells under ``vmap`` are the common
+case here. On CPU the numbers are torch's; on CUDA torch's module uses fused
+kernels, which agree to rounding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from .._td import TensorDict
+from ._base import Layer, ParamSpec, fan_in_bound, uniform
+
+__all__ = ["GRUCell", "LSTMCell", "RNNCell"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _CellBase(Layer):
+    _chunks: ClassVar[int]
+
+    input_size: int
+    hidden_size: int
+    bias: bool = True
+
+    def _specs(self) -> dict[str, Any]:
+        # torch: every parameter U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))
+        init = uniform(fan_in_bound(self.hidden_size))
+        rows = self._chunks * self.hidden_size
+        specs = {
+            "weight_ih": ParamSpec((rows, self.input_size), init),
+            "weight_hh": ParamSpec((rows, self.hidden_size), init),
+        }
+        if self.bias:
+            specs["bias_ih"] = ParamSpec((rows,), init)
+            specs["bias_hh"] = ParamSpec((rows,), init)
+        return specs
+
+
+def _check_dims(name: str, what: str, t: Tensor) -> None:
+    if t.dim() not in (1, 2):
+        raise ValueError(f"{name}: Expected {what} to be 1D or 2D, got {t.dim()}D instead")
+
+
+def _zeros(x: Tensor, hidden_size: int) -> Tensor:
+    return torch.zeros(x.size(0), hidden_size, dtype=x.dtype, device=x.device)
+
+
+@dataclasses.dataclass(frozen=True)
+class RNNCell(_CellBase):
+    """An Elman cell: ``h' = act(x @ W_ih.T + b_ih + h @ W_hh.T + b_hh)``; as ``torch.nn.RNNCell``.
+
+    Args:
+        input_size: size of the input's last dim.
+        hidden_size: size of the state.
+        bias: whether to learn ``bias_ih`` and ``bias_hh``.
+        nonlinearity: ``"tanh"`` or ``"relu"``.
+
+    Call: ``cell(params, x, h=None)`` with ``x`` of shape ``(N, input_size)``
+    or ``(input_size,)``; ``h=None`` starts from zeros. Returns ``h'``.
+
+    Example:
+        >>> cell = RNNCell(3, 5)
+        >>> cell(cell.init(0), torch.zeros(2, 3)).shape
+        torch.Size([2, 5])
+    """
+
+    _chunks: ClassVar[int] = 1
+
+    nonlinearity: str = "tanh"
+
+    def __post_init__(self) -> None:
+        if self.nonlinearity not in ("tanh", "relu"):
+            raise ValueError(f"Unknown nonlinearity: {self.nonlinearity}")
+
+    def __call__(
+        self, params: TensorDict, x: Tensor, h: Tensor | None = None, *, key: Tensor | None = None
+    ) -> Tensor:
+        _check_dims("RNNCell", "input", x)
+        batched = x.dim() == 2
+        if not batched:
+            x = x.unsqueeze(0)
+        if h is None:
+            h = _zeros(x, self.hidden_size)
+        else:
+            _check_dims("RNNCell", "hidden", h)
+            if not batched:
+                h = h.unsqueeze(0)
+        d = params._data
+        pre = F.linear(x, d["weight_ih"], d.get("bias_ih")) + F.linear(
+            h, d["weight_hh"], d.get("bias_hh")
+        )
+        out = torch.tanh(pre) if self.nonlinearity == "tanh" else torch.relu(pre)
+        return out if batched else out.squeeze(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class GRUCell(_CellBase):
+    """A gated recurrent unit step; as ``torch.nn.GRUCell``.
+
+    Args:
+        input_size: size of the input's last dim.
+        hidden_size: size of the state.
+        bias: whether to learn ``bias_ih`` and ``bias_hh``.
+
+    Call: ``cell(params, x, h=None)`` with ``x`` of shape ``(N, input_size)``
+    or ``(input_size,)``; ``h=None`` starts from zeros. Returns ``h'``.
+
+    Example:
+        >>> cell = GRUCell(4, 8)
+        >>> cell(cell.init(0), torch.zeros(2, 4), torch.zeros(2, 8)).shape
+        torch.Size([2, 8])
+    """
+
+    _chunks: ClassVar[int] = 3
+
+    def __call__(
+        self, params: TensorDict, x: Tensor, h: Tensor | None = None, *, key: Tensor | None = None
+    ) -> Tensor:
+        _check_dims("GRUCell", "input", x)
+        batched = x.dim() == 2
+        if not batched:
+            x = x.unsqueeze(0)
+        if h is None:
+            h = _zeros(x, self.hidden_size)
+        else:
+            _check_dims("GRUCell", "hidden", h)
+            if not batched:
+                h = h.unsqueeze(0)
+        d = params._data
+        i_r, i_z, i_n = F.linear(x, d["weight_ih"], d.get("bias_ih")).chunk(3, -1)
+        h_r, h_z, h_n = F.linear(h, d["weight_hh"], d.get("bias_hh")).chunk(3, -1)
+        reset = torch.sigmoid(h_r + i_r)
+        update = torch.sigmoid(h_z + i_z)
+        new = torch.tanh(i_n + h_n * reset)
+        out = (h - new) * update + new
+        return out if batched else out.squeeze(0)
+
+
+@dataclasses.dataclass(frozen=True)
+class LSTMCell(_CellBase):
+    """A long short-term memory step; as ``torch.nn.LSTMCell``.
+
+    Args:
+        input_size: size of the input's last dim.
+        hidden_size: size of the state.
+        bias: whether to learn ``bias_ih`` and ``bias_hh``.
+
+    Call: ``cell(params, x, h=None, c=None)`` (torch's ``hx=(h, c)`` as two
+    arguments); a missing state starts from zeros. Returns ``(h', c')``.
+
+    Example:
+        >>> cell = LSTMCell(4, 8)
+        >>> h, c = cell(cell.init(0), torch.zeros(2, 4))
+        >>> h.shape, c.shape
+        (torch.Size([2, 8]), torch.Size([2, 8]))
+    """
+
+    _chunks: ClassVar[int] = 4
+
+    def __call__(
+        self,
+        params: TensorDict,
+        x: Tensor,
+        h: Tensor | None = None,
+        c: Tensor | None = None,
+        *,
+        key: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
+        _check_dims("LSTMCell", "input", x)
+        batched = x.dim() == 2
+        if not batched:
+            x = x.unsqueeze(0)
+        if h is None or c is None:
+            if (h is None) != (c is None):
+                raise ValueError("LSTMCell: pass both h and c, or neither (zeros)")
+            h = c = _zeros(x, self.hidden_size)
+        else:
+            _check_dims("LSTMCell", "hx[0]", h)
+            _check_dims("LSTMCell", "hx[1]", c)
+            if not batched:
+                h, c = h.unsqueeze(0), c.unsqueeze(0)
+        d = params._data
+        gates = F.linear(x, d["weight_ih"], d.get("bias_ih")) + F.linear(
+            h, d["weight_hh"], d.get("bias_hh")
+        )
+        i, f, g, o = gates.chunk(4, -1)
+        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+        h = torch.sigmoid(o) * torch.tanh(c)
+        return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
