@@ -1,0 +1,108 @@
+"""The conformance registry: every public module with a factory and an example input.
+
+``ENTRIES`` maps a name to an ``Entry``; the property tests in
+``test_conformance.py`` (and later the transform tests) run over all of them.
+``PUBLIC`` lists every public module class; a test fails when one has no entry.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+from nn_cases import LAYER_CASES
+
+import functd as fd
+
+B = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    covers: type  # the public class this entry exercises
+    make: Callable[[], fd.Module | fd.Sequential]
+    example: Callable[[], fd.TensorDict]  # batch_size [B]
+    float_inputs: bool = True  # False: integer inputs (Embedding) are not cast
+
+
+class _Custom(nn.Module):
+    """A torch module functd does not lower: it runs through functional_call."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(3, 3))
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x):
+        return torch.tanh(x @ self.w) * self.scale
+
+
+def _layer_entry(name: str) -> Entry:
+    factory, inputs = LAYER_CASES[name]
+    layer = factory()
+    in_keys = [f"in{i}" for i in range(len(inputs()))]
+    probe = layer(layer.init(0), *inputs(), key=fd.random.key(0)) if layer.random else None
+    if probe is None:
+        probe = layer(layer.init(0), *inputs())
+    n_out = len(probe) if isinstance(probe, tuple) else 1
+    out_keys = [f"out{i}" for i in range(n_out)]
+
+    def example():
+        g = torch.Generator().manual_seed(0)
+        xs = inputs()
+        xs = [
+            torch.randn(x.shape, generator=g) if x.is_floating_point() else x
+            for x in xs
+        ]
+        return fd.TensorDict(dict(zip(in_keys, xs)), [B])
+
+    return Entry(
+        covers=type(layer),
+        make=lambda: fd.Module(factory(), in_keys, out_keys),
+        example=example,
+        float_inputs=name != "Embedding",
+    )
+
+
+def _x():
+    return fd.TensorDict({"x": torch.randn(B, 3)}, [B])
+
+
+def _tutorial_block():
+    return fd.Sequential(
+        fd.Module(nn.Linear(3, 8), ["x"], ["linear0"]),
+        fd.Module(torch.relu, ["linear0"], ["relu0"]),
+        fd.Module(nn.Linear(8, 3), ["relu0"], ["linear1"]),
+        fd.Module(lambda x, y: x + y, ["x", "linear1"], ["y"]),
+    )
+
+
+ENTRIES: dict[str, Entry] = {name: _layer_entry(name) for name in LAYER_CASES}
+ENTRIES.update(
+    {
+        "Module(callable)": Entry(fd.Module, lambda: fd.Module(torch.tanh, ["x"], ["y"]), _x),
+        "Module(nn.Linear lowered)": Entry(
+            fd.Module, lambda: fd.Module(nn.Linear(3, 2), ["x"], ["y"]), _x
+        ),
+        "Module(functional_call)": Entry(
+            fd.Module, lambda: fd.Module(_Custom(), ["x"], ["y"]), _x
+        ),
+        "Sequential(tutorial block)": Entry(fd.Sequential, _tutorial_block, _x),
+        "Sequential(selected)": Entry(
+            fd.Sequential, lambda: _tutorial_block().select_out_keys("y"), _x
+        ),
+    }
+)
+
+PUBLIC: tuple[type, ...] = (fd.Module, fd.Sequential, *fd.nn.LAYERS)
+
+
+def params_for(module, key=0, dtype=torch.float32):
+    """Params of an entry's module: init for pure layers, the weights for the rest."""
+    try:
+        return module.init(key, dtype=dtype)
+    except NotImplementedError:
+        p = fd.from_module(module)
+        return p.apply(lambda v: v.to(dtype) if v.is_floating_point() else v)

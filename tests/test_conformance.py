@@ -1,0 +1,89 @@
+"""Laws every public module obeys, run over the conformance registry."""
+
+import pytest
+import torch
+from conformance import ENTRIES, PUBLIC, params_for
+
+import functd as fd
+from functd.testing import assert_close
+
+NAMES = sorted(ENTRIES)
+KEY = fd.random.key(7)
+
+
+def _call(m, params, td):
+    return m(params, td, key=KEY) if m.random else m(params, td)
+
+
+def test_every_public_module_has_an_entry():
+    covered = {e.covers for e in ENTRIES.values()}
+    missing = [c.__name__ for c in PUBLIC if c not in covered]
+    assert not missing, f"add conformance entries for: {missing}"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_purity_inputs_unchanged_and_deterministic(name):
+    e = ENTRIES[name]
+    m = e.make()
+    params, td = params_for(m), e.example()
+    before = [(id(v), v.clone()) for v in fd.tree.leaves((params, td))]
+    out1 = _call(m, params, td)
+    out2 = _call(m, params, td)
+    after = fd.tree.leaves((params, td))
+    assert [i for i, _ in before] == [id(v) for v in after]
+    for (_, v), w in zip(before, after):
+        assert torch.equal(v, w)
+    assert_close(out1, out2)
+    assert set(td.keys()) <= set(out1.keys())
+    assert hash(m) == hash(e.make()) or m != e.make()
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_vmap_over_data_equals_loop(name):
+    e = ENTRIES[name]
+    m = e.make()
+    params, td = params_for(m), e.example()
+    batched = torch.func.vmap(lambda t: _call(m, params, t))(td)
+    looped = fd.stack([_call(m, params, td[i]) for i in range(td.batch_size[0])])
+    assert_close(batched, looped, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_vmap_over_params_equals_loop(name):
+    e = ENTRIES[name]
+    m = e.make()
+    if not m.has_params:
+        pytest.skip("no parameters")
+    members = [params_for(m, key=k) for k in range(3)]
+    if all(torch.equal(a, b) for a, b in zip(fd.tree.leaves(members[0]), fd.tree.leaves(members[1]))):
+        members = [p.apply(lambda v, i=i: v + 0.1 * i) for i, p in enumerate(members)]
+    ens = fd.stack(members)
+    td = e.example()
+    batched = torch.func.vmap(lambda p: _call(m, p, td))(ens)
+    looped = fd.stack([_call(m, p, td) for p in members])
+    assert_close(batched, looped, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_float64_works(name):
+    e = ENTRIES[name]
+    m = e.make()
+    params = params_for(m, dtype=torch.float64)
+    td = e.example()
+    if e.float_inputs:
+        td = td.double()
+    out = _call(m, params, td)
+    for k in m.out_keys:
+        if out[k].is_floating_point():
+            assert out[k].dtype == torch.float64, k
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["Sequential(tutorial block)", "GRUCell", "Module(functional_call)"])
+def test_compile_equals_eager(name):
+    torch._dynamo.reset()
+    e = ENTRIES[name]
+    m = e.make()
+    params, td = params_for(m), e.example()
+    compiled = torch.compile(lambda p, t: _call(m, p, t), fullgraph=True)
+    assert_close(compiled(params, td), _call(m, params, td), rtol=1e-5, atol=1e-6)
