@@ -10,6 +10,7 @@ from collections.abc import Iterable
 
 __all__ = [
     "FrozenError",
+    "InplaceError",
     "fmt_key",
     "fmt_keys",
 ]
@@ -17,6 +18,11 @@ __all__ = [
 
 class FrozenError(TypeError):
     """Raised on an attempt to mutate a frozen TensorDict or module."""
+
+
+class InplaceError(AttributeError, TypeError):
+    """Raised on tensordict's in-place names (``td.set_``): the attribute does not exist
+    (an AttributeError, so ``hasattr`` is False) and mutation is refused (a TypeError)."""
 
 
 def fmt_key(key) -> str:
@@ -52,7 +58,7 @@ INPLACE = (
     "Use the pure `{pure}` instead, which returns a new TensorDict: `td = td.{pure}(...)`."
 )
 NON_TENSOR = (
-    "TensorDict entry {key} is a {type}, not a torch.Tensor. Leaves must be tensors "
+    "TensorDict entry {key} has type {type}, not torch.Tensor. Leaves must be tensors "
     "(nested mappings become nested TensorDicts). Convert numbers with "
     "torch.as_tensor(...); keep non-tensor data (strings, configs) outside the "
     "TensorDict, e.g. as static fields of a module."
@@ -61,7 +67,10 @@ BAD_KEY = (
     "TensorDict keys are str or non-empty tuples of str (a nested path); got {key!r} "
     "of type {type}. Write td[{example}]."
 )
-EMPTY_KEY = "TensorDict keys may not be the empty tuple (); give a str or a tuple of str."
+EMPTY_KEY = (
+    "TensorDict keys may not be the empty tuple (); give a str or a tuple of str. "
+    "To index all batch dims write td[...]."
+)
 BATCH_MISMATCH = (
     "TensorDict entry {key} has shape {shape}, which does not start with the batch size "
     "{batch_size}. Every leaf's leading dims must equal batch_size: reshape the leaf, or "

@@ -88,11 +88,12 @@ def _index(td: TensorDict, items: tuple) -> TensorDict:
     return _new(data, new_bs)
 
 
-def _check_same_keys(tds: Sequence[TensorDict], where: str) -> None:
+def _check_same_keys(tds: Sequence[TensorDict], where: str, prefix: tuple = ()) -> None:
     keys0 = tds[0]._data.keys()
     for i, t in enumerate(tds[1:], 1):
         if t._data.keys() != keys0:
-            raise ValueError(E.stack_keys(i, keys0, t._data.keys(), where))
+            full0 = [(*prefix, k) for k in keys0]
+            raise ValueError(E.stack_keys(i, full0, [(*prefix, k) for k in t._data], where))
 
 
 def _check_list(tds: Any, where: str) -> list[TensorDict]:
@@ -136,7 +137,7 @@ def stack(tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
 
 
 def _stack(tds: list[TensorDict], dim: int, prefix: tuple) -> TensorDict:
-    _check_same_keys(tds, "stack")
+    _check_same_keys(tds, "stack", prefix)
     first = tds[0]
     bs = first._batch_size
     data = {}
@@ -144,6 +145,7 @@ def _stack(tds: list[TensorDict], dim: int, prefix: tuple) -> TensorDict:
         vals = [t._data[k] for t in tds]
         if isinstance(v, TensorDict):
             _same_types(vals, (*prefix, k), "stack")
+            _same_batch(vals, (*prefix, k), "stack", None)
             data[k] = _stack(vals, dim, (*prefix, k))
         else:
             _same_types(vals, (*prefix, k), "stack")
@@ -159,6 +161,18 @@ def _same_types(vals: list, key: tuple, where: str) -> None:
             raise ValueError(
                 f"{where}: entry {E.fmt_key(key)} is a {type(vals[0]).__name__} in "
                 f"TensorDict 0 but a {type(v).__name__} in TensorDict {i}."
+            )
+
+
+def _same_batch(vals: list, key: tuple, where: str, skip: int | None) -> None:
+    """Nested TensorDicts (which may have more batch dims) must agree, but in dim ``skip``."""
+    b0 = vals[0]._batch_size
+    for i, v in enumerate(vals[1:], 1):
+        b = v._batch_size
+        if len(b) != len(b0) or any(x != y for j, (x, y) in enumerate(zip(b, b0)) if j != skip):
+            raise ValueError(
+                f"{where}: entry {E.fmt_key(key)} is a TensorDict of batch_size {list(b0)} in "
+                f"TensorDict 0 but {list(b)} in TensorDict {i}. All entries must match."
             )
 
 
@@ -192,7 +206,7 @@ def cat(tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
 
 
 def _cat(tds: list[TensorDict], dim: int, prefix: tuple) -> TensorDict:
-    _check_same_keys(tds, "cat")
+    _check_same_keys(tds, "cat", prefix)
     first = tds[0]
     n = len(first._batch_size)
     data = {}
@@ -200,6 +214,7 @@ def _cat(tds: list[TensorDict], dim: int, prefix: tuple) -> TensorDict:
         vals = [t._data[k] for t in tds]
         _same_types(vals, (*prefix, k), "cat")
         if isinstance(v, TensorDict):
+            _same_batch(vals, (*prefix, k), "cat", dim)
             data[k] = _cat(vals, dim, (*prefix, k))
         else:
             _same_shapes(vals, (*prefix, k), n, "cat", dim)
@@ -253,7 +268,7 @@ def reshape(td: TensorDict, *shape: int) -> TensorDict:
             f"reshape: batch_size {list(td._batch_size)} ({td._batch_size.numel()} elements) "
             f"cannot become {list(new_bs)} ({new_bs.numel()} elements)"
         )
-    return _map_batch(td, lambda x, f: x.reshape(*new_bs, *f), new_bs)
+    return _map_batch(td, lambda x, f: x.reshape((*new_bs, *f)), new_bs)
 
 
 def unsqueeze(td: TensorDict, dim: int) -> TensorDict:
@@ -297,4 +312,4 @@ def expand(td: TensorDict, *shape: int) -> TensorDict:
             raise ValueError(f"expand: batch dim {i - lead} of size {old} cannot expand to {s}")
         new.append(s)
     new_bs = torch.Size(new)
-    return _map_batch(td, lambda x, f: x.expand(*new_bs, *f), new_bs)
+    return _map_batch(td, lambda x, f: x.expand((*new_bs, *f)), new_bs)

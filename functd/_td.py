@@ -25,7 +25,8 @@ import torch
 from . import _errors as E
 
 Key = Union[str, tuple[str, ...]]
-_MISSING = object()
+_MISSING = object()  # "no default given"
+_ABSENT = object()  # a default that no entry can be
 
 __all__ = ["Key", "TensorDict"]
 
@@ -94,7 +95,7 @@ class TensorDict:
         torch.Size([5])
     """
 
-    __slots__ = ("_batch_size", "_data", "_spec")
+    __slots__ = ("_batch_size", "_checked", "_data", "_spec")
 
     _data: dict[str, torch.Tensor | TensorDict]
     _batch_size: torch.Size
@@ -176,6 +177,8 @@ class TensorDict:
         node: TensorDict = self
         for i, part in enumerate(path):
             if not isinstance(node, TensorDict):
+                if default is not _MISSING:
+                    return default
                 raise KeyError(E.not_a_td(key, path[:i], type(node).__name__))
             value = node._data.get(part, _MISSING)
             if value is _MISSING:
@@ -191,8 +194,8 @@ class TensorDict:
             if value is _MISSING:
                 raise KeyError(E.missing_key(index, (), self._data, None))
             return value
-        if isinstance(index, tuple) and (not index or isinstance(index[0], str)):
-            return self.get(index)
+        if isinstance(index, tuple) and all(isinstance(i, str) for i in index):
+            return self.get(index)  # () included: the empty-key error
         from ._shape import index as _index
 
         return _index(self, index)
@@ -201,7 +204,7 @@ class TensorDict:
         if isinstance(key, str):
             return key in self._data
         if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
-            return self.get(key, _MISSING) is not _MISSING
+            return self.get(key, _ABSENT) is not _ABSENT
         return False
 
     def __len__(self) -> int:
@@ -261,18 +264,7 @@ class TensorDict:
 
         Nested mappings are merged into nested TensorDicts, not replaced whole.
         """
-        items = other._data.items() if isinstance(other, TensorDict) else other.items()
-        bs = self._batch_size
-        data = dict(self._data)
-        for k, v in items:
-            old = data.get(k) if isinstance(k, str) else None
-            if isinstance(old, TensorDict) and isinstance(v, Mapping | TensorDict):
-                data[k] = old.update(v)
-            elif isinstance(k, str):
-                data[k] = _check_value((k,), v, bs, None)
-            else:
-                data = dict(_set_path(_new(data, bs), _check_key(k), v, 0)._data)
-        return _new(data, bs)
+        return _update(self, other, ())
 
     def select(self, *keys: Key, strict: bool = True) -> TensorDict:
         """Return a new TensorDict with only ``keys`` (nested paths keep their parents).
@@ -280,16 +272,20 @@ class TensorDict:
         Args:
             strict: raise a KeyError for a missing key (else skip it).
         """
-        out = _new({}, self._batch_size)
+        bs = self._batch_size
+        data: dict[str, Any] = {}
         for key in keys:
-            value = self.get(key, _MISSING)
-            if value is _MISSING:
+            value = self.get(key, _ABSENT)
+            if value is _ABSENT:
                 if strict:
                     self.get(key)  # raises the detailed KeyError
                 continue
+            if type(key) is str:  # no copy of the growing dict per key
+                data[key] = value
+                continue
             path = _check_key(key)
-            out = _set_path(out, path, value, 0, check=False, template=self)
-        return out
+            data = _set_path(_new(data, bs), path, value, 0, check=False, template=self)._data
+        return _new(data, bs)
 
     def exclude(self, *keys: Key) -> TensorDict:
         """Return a new TensorDict without ``keys``; missing keys are ignored."""
@@ -354,7 +350,7 @@ class TensorDict:
         if name.endswith("_") and not name.startswith("_"):
             pure = name.rstrip("_")
             pure = pure if hasattr(TensorDict, pure) else "apply"
-            raise AttributeError(E.INPLACE.format(name=name, pure=pure))
+            raise E.InplaceError(E.INPLACE.format(name=name, pure=pure))
         raise AttributeError(f"'TensorDict' object has no attribute {name!r}")
 
     def __reduce__(self):
@@ -451,6 +447,7 @@ def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
     object.__setattr__(td, "_data", data)
     object.__setattr__(td, "_batch_size", batch_size)
     object.__setattr__(td, "_spec", None)
+    object.__setattr__(td, "_checked", None)  # the layer these params were checked against
 
 
 def _new(data: dict, batch_size: torch.Size) -> TensorDict:
@@ -496,18 +493,25 @@ def _raise_batch_mismatch(path, shape, bs, nested: bool = False):
         key=E.fmt_key(path),
         shape=list(shape),
         batch_size=list(bs),
-        suggest=_common_prefix([torch.Size(shape), bs]),
+        suggest=list(shape[: len(bs)]),
     )
     raise ValueError(msg.replace("has shape", f"has {what}", 1))
 
 
 def _set_path(
-    td: TensorDict, path: tuple, value: Any, depth: int, check: bool = True, template=None
+    td: TensorDict,
+    path: tuple,
+    value: Any,
+    depth: int,
+    check: bool = True,
+    template=None,
+    prefix: tuple = (),
 ) -> TensorDict:
     head = path[0]
     data = dict(td._data)
     if len(path) == 1:
-        data[head] = _check_value(path, value, td._batch_size, None) if check else value
+        full = (*prefix, head)
+        data[head] = _check_value(full, value, td._batch_size, None) if check else value
         return _new(data, td._batch_size)
     child = data.get(head, _MISSING)
     if child is _MISSING:
@@ -516,12 +520,30 @@ def _set_path(
         child = _new({}, sub._batch_size if isinstance(sub, TensorDict) else td._batch_size)
     elif not isinstance(child, TensorDict):
         raise KeyError(
-            f"cannot set {E.fmt_key(path)}: {E.fmt_key(head)} holds a "
+            f"cannot set {E.fmt_key((*prefix, *path))}: {E.fmt_key((*prefix, head))} holds a "
             f"{type(child).__name__}, not a nested TensorDict."
         )
     sub_template = template._data.get(head) if template is not None else None
-    data[head] = _set_path(child, path[1:], value, depth + 1, check, sub_template)
+    data[head] = _set_path(
+        child, path[1:], value, depth + 1, check, sub_template, prefix=(*prefix, head)
+    )
     return _new(data, td._batch_size)
+
+
+def _update(td: TensorDict, other, prefix: tuple) -> TensorDict:
+    items = other._data.items() if isinstance(other, TensorDict) else other.items()
+    bs = td._batch_size
+    data = dict(td._data)
+    for k, v in items:
+        old = data.get(k) if isinstance(k, str) else None
+        if isinstance(old, TensorDict) and isinstance(v, Mapping | TensorDict):
+            data[k] = _update(old, v, (*prefix, k))
+        elif isinstance(k, str):
+            data[k] = _check_value((*prefix, k), v, bs, None)
+        else:
+            path = _check_key(k)
+            data = dict(_set_path(_new(data, bs), path, v, 0, prefix=prefix)._data)
+    return _new(data, bs)
 
 
 def _items(td: TensorDict, include_nested: bool, leaves_only: bool, prefix: tuple = ()):

@@ -4,12 +4,14 @@ Both registries give the same leaves in the same canonical order: keys sorted,
 nested TensorDicts flattened in place. The static part (the "spec") holds the
 sorted keys and, for each entry, its rank beyond the batch dims; two specs are
 equal when their keys are, so TensorDicts with the same keys have equal tree
-structures whatever their batch size or construction order.
+structures whatever their batch size or construction order. The spec also keeps
+the insertion order (not compared), so unflattening gives ``keys()`` back in it.
 
-The batch size is *not* static: unflattening derives it from the first tensor
-leaf (its ndim minus its feature rank). So inside ``torch.func.vmap`` the
-mapped dim drops out of ``batch_size`` by itself, and ``torch.compile`` does not
-specialise on it.
+The batch size is *not* static: unflattening derives it from the first leaf
+that holds a tensor (its ndim minus its feature rank); nested TensorDicts
+without any tensor take theirs from the parent. So inside ``torch.func.vmap``
+the mapped dim drops out of ``batch_size`` by itself, and ``torch.compile`` does
+not specialise on it.
 
 Example:
     >>> leaves, spec = fd.tree.flatten(td)          # optree, namespace "functd"
@@ -36,12 +38,18 @@ NAMESPACE = "functd"
 class _Spec:
     """Static part of a flattened TensorDict; compares and hashes by its keys only."""
 
-    __slots__ = ("batch_size", "keys", "ranks")
+    __slots__ = ("_inorder", "all_full", "batch_size", "full", "keys", "order", "ranks")
 
-    def __init__(self, keys: tuple, ranks: tuple, batch_size: tuple | None) -> None:
+    def __init__(
+        self, keys: tuple, ranks: tuple, batch_size: tuple | None, full: tuple, order=None
+    ) -> None:
         self.keys = keys  # sorted entry names
+        self.order = order  # the insertion order, when it is not the sorted one
         self.ranks = ranks  # per entry: ndim beyond the batch dims (None: not a tensor)
-        self.batch_size = batch_size  # only kept for a TensorDict without entries
+        self.full = full  # per entry: holds a tensor (so its shape tells the batch size)
+        self.all_full = bool(full) and all(full)
+        self._inorder = None  # cache of ``_inorder``
+        self.batch_size = batch_size  # only kept for a TensorDict without any tensor
 
     def __eq__(self, other: object) -> bool:
         return type(other) is _Spec and other.keys == self.keys
@@ -60,7 +68,10 @@ def _spec(td: TensorDict) -> _Spec:
         keys = tuple(sorted(data))
         n = len(td._batch_size)
         ranks = tuple(_rank(data[k], n) for k in keys)
-        spec = _Spec(keys, ranks, None if keys else tuple(td._batch_size))
+        full = tuple(_full(data[k]) for k in keys)
+        order = tuple(data)
+        order = None if order == keys else order
+        spec = _Spec(keys, ranks, None if any(full) else tuple(td._batch_size), full, order)
         object.__setattr__(td, "_spec", spec)
     return spec
 
@@ -73,24 +84,62 @@ def _rank(v, n: int):
     return None
 
 
+def _full(v) -> bool:
+    if isinstance(v, torch.Tensor):
+        return True
+    return isinstance(v, TensorDict) and any(_spec(v).full)
+
+
+def _inorder(spec: _Spec) -> tuple[tuple, _Spec]:
+    """(permutation, spec) that put the sorted entries back in insertion order (cached)."""
+    if spec._inorder is None:
+        i = {k: n for n, k in enumerate(spec.keys)}
+        perm = tuple(i[k] for k in spec.order)
+        ranks, full = tuple(spec.ranks[j] for j in perm), tuple(spec.full[j] for j in perm)
+        spec._inorder = (perm, _Spec(spec.order, ranks, spec.batch_size, full))
+    return spec._inorder
+
+
+def _rebatch(td: TensorDict, bs: torch.Size) -> TensorDict:
+    """Give a TensorDict without tensors (only empty nested ones) the batch size ``bs``."""
+    n = len(td._batch_size)
+    data = {
+        k: _rebatch(v, torch.Size((*bs, *v._batch_size[n:]))) if isinstance(v, TensorDict) else v
+        for k, v in td._data.items()
+    }
+    return _new(data, bs)
+
+
 def _flatten(td: TensorDict):
-    spec = _spec(td)
-    data = td._data
-    return [data[k] for k in spec.keys], spec
+    spec = td._spec or _spec(td)
+    if spec.order is None:  # inserted in sorted order
+        return list(td._data.values()), spec
+    return list(map(td._data.__getitem__, spec.keys)), spec
 
 
 def _unflatten(values, spec: _Spec) -> TensorDict:
-    values = list(values)
-    for v, r in zip(values, spec.ranks):
+    if spec.order is not None:  # give back the insertion order (keys() is ordered)
+        perm, spec = spec._inorder or _inorder(spec)
+        values = [values[j] for j in perm]
+    if spec.all_full:  # fast path: the first entry tells the batch size
+        v = values[0]
         if isinstance(v, torch.Tensor):
             shape = v.shape
+            return _new(dict(zip(spec.keys, values)), shape[: len(shape) - spec.ranks[0]])
+    values = list(values)
+    for v, rank, full in zip(values, spec.ranks, spec.full):
+        if full and isinstance(v, torch.Tensor | TensorDict):
+            shape = v.shape if isinstance(v, torch.Tensor) else v._batch_size
+            bs = shape[: len(shape) - rank]
             break
-        if isinstance(v, TensorDict):
-            shape = v._batch_size
-            break
-    else:  # no tensor among the leaves (a tree of ints, None...)
+    else:  # no tensor among the leaves (a tree of ints, None, empty TensorDicts...)
         return _new(dict(zip(spec.keys, values)), torch.Size(spec.batch_size or ()))
-    return _new(dict(zip(spec.keys, values)), shape[: len(shape) - r])
+    if not all(spec.full):
+        # entries without tensors kept a static batch size (stale inside vmap): rederive
+        for i, (v, r, full) in enumerate(zip(values, spec.ranks, spec.full)):
+            if not full and isinstance(v, TensorDict):
+                values[i] = _rebatch(v, torch.Size((*bs, *v._batch_size[len(v._batch_size) - r :])))
+    return _new(dict(zip(spec.keys, values)), bs)
 
 
 # ------------------------------------------------------------------ optree
@@ -99,10 +148,14 @@ def _optree_flatten(td: TensorDict):
     return leaves, spec, spec.keys
 
 
+def _optree_unflatten(spec: _Spec, children) -> TensorDict:
+    return _unflatten(children, spec)
+
+
 optree.register_pytree_node(
     TensorDict,
     _optree_flatten,
-    lambda spec, children: _unflatten(children, spec),
+    _optree_unflatten,
     path_entry_type=optree.MappingEntry,
     namespace=NAMESPACE,
 )
@@ -112,13 +165,22 @@ tree = optree.pytree.reexport(namespace=NAMESPACE, module="functd.tree")
 
 # ------------------------------------------------------------------ torch
 def _to_dumpable(spec: _Spec) -> str:
-    return json.dumps({"keys": list(spec.keys), "ranks": list(spec.ranks), "bs": spec.batch_size})
+    return json.dumps(
+        {
+            "keys": list(spec.keys),
+            "ranks": list(spec.ranks),
+            "full": list(spec.full),
+            "order": None if spec.order is None else list(spec.order),
+            "bs": spec.batch_size,
+        }
+    )
 
 
 def _from_dumpable(s: str) -> _Spec:
     d = json.loads(s)
     bs = tuple(d["bs"]) if d["bs"] is not None else None
-    return _Spec(tuple(d["keys"]), tuple(d["ranks"]), bs)
+    order = None if d.get("order") is None else tuple(d["order"])
+    return _Spec(tuple(d["keys"]), tuple(d["ranks"]), bs, tuple(d["full"]), order)
 
 
 def _flatten_with_keys(td: TensorDict):

@@ -1,0 +1,321 @@
+"""Batch-dim operations: indexing, stack, cat, unbind, reshape, (un)squeeze, expand.
+
+The reference for indexing is a tensor of the batch shape (for the new batch
+size) and each leaf indexed on its batch dims (for the values); tensordict is a
+second reference where it is installed.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import functd as fd
+from functd.testing import assert_close, batch_shapes, example_tensordicts, tensordicts
+
+
+def make(bs=(4, 3)):
+    g = torch.Generator().manual_seed(1)
+    return fd.TensorDict(
+        {
+            "x": torch.randn(*bs, 2, generator=g),
+            "s": torch.randn(*bs, generator=g),
+            "obs": {"pos": torch.randn(*bs, 5, generator=g)},
+        },
+        list(bs),
+    )
+
+
+def expand_ellipsis(idx, n):
+    """The index with ``...`` spelled out over the ``n`` batch dims only."""
+    items = list(idx) if isinstance(idx, tuple) else [idx]
+    used = sum(
+        (it.ndim if it.dtype == torch.bool else 1) if isinstance(it, torch.Tensor) else 1
+        for it in items
+        if it is not None and it is not Ellipsis
+    )
+    if Ellipsis in items:
+        i = next(j for j, it in enumerate(items) if it is Ellipsis)
+        items[i : i + 1] = [slice(None)] * (n - used)
+    return tuple(items)
+
+
+def check_index(td, idx):
+    out = td[idx]
+    expected_bs = torch.empty(td.batch_size)[idx].shape
+    assert out.batch_size == expected_bs, idx
+    full = expand_ellipsis(idx, td.batch_dims)
+    for k, v in td.items(include_nested=True):
+        if isinstance(v, fd.TensorDict):
+            assert out[k].batch_size[: len(expected_bs)] == expected_bs
+        else:
+            assert torch.equal(out[k], v[full]), (idx, k)
+    return out
+
+
+MASK = torch.tensor([True, False, True, True])
+INDICES = [
+    0,
+    -1,
+    slice(1, 3),
+    slice(None, None, 2),
+    slice(None),
+    None,
+    ...,
+    (1, 2),
+    (slice(1, 3), -1),
+    (None, 0),
+    (0, None),
+    (..., 0),
+    (..., None),
+    (None, ..., None),
+    (0, ...),
+    MASK,
+    (MASK, 1),
+    (slice(None), torch.tensor([True, False, True])),
+    torch.tensor([[True, False, True]] * 4),
+    torch.tensor([3, 0, 0]),
+    torch.tensor([[0, 1], [2, 3]]),
+    (torch.tensor([0, 2]), torch.tensor([1, 1])),
+    (slice(None), torch.tensor([2, 0])),
+    [0, 2],
+    (0, torch.tensor([2, 1])),
+    (torch.tensor([1]), slice(None), None),
+]
+
+
+@pytest.mark.parametrize("idx", INDICES, ids=[str(i)[:40] for i in range(len(INDICES))])
+def test_index_matches_tensor_indexing(idx):
+    td = make()
+    out = check_index(td, idx)
+    assert td.batch_size == torch.Size([4, 3])  # input unchanged
+    assert out["obs"].batch_size == out.batch_size
+
+
+@pytest.mark.parametrize("idx", INDICES, ids=[str(i)[:40] for i in range(len(INDICES))])
+def test_index_agrees_with_tensordict(idx):
+    tensordict = pytest.importorskip("tensordict")
+    td = make()
+    ref = tensordict.TensorDict(td.to_dict(), batch_size=td.batch_size)[idx]
+    out = td[idx]
+    assert out.batch_size == ref.batch_size
+    for k in out.keys(True, True):
+        assert torch.equal(out[k], ref[k]), k
+
+
+def test_index_scalar_batch():
+    td = fd.TensorDict({"x": torch.zeros(3)}, [])
+    assert td[None].batch_size == torch.Size([1])
+    assert td[None]["x"].shape == (1, 3)
+    assert td[...].batch_size == torch.Size([])
+
+
+def test_index_nested_longer_batch():
+    td = example_tensordicts()["longer_child"]  # [3] with a child of [3, 2]
+    out = td[1:]
+    assert out.batch_size == torch.Size([2])
+    assert out["c"].batch_size == torch.Size([2, 2])
+    assert torch.equal(out["c", "y"], td["c", "y"][1:])
+    assert td[None]["c"].batch_size == torch.Size([1, 3, 2])
+
+
+def test_index_empty_tensordict():
+    td = fd.TensorDict({}, [4, 3])
+    assert td[1:3].batch_size == torch.Size([2, 3])
+    assert td[MASK].batch_size == torch.Size([3, 3])
+    assert td[..., None, 0].batch_size == torch.Size([4, 1])
+
+
+def test_index_shares_storage_for_basic_indexing():
+    td = make()
+    assert td[1:3]["x"].data_ptr() == td["x"][1:3].data_ptr()
+
+
+@st.composite
+def batch_and_index(draw):
+    bs = draw(st.lists(st.integers(1, 4), min_size=1, max_size=3).map(tuple))
+    n = len(bs)
+    k = draw(st.integers(0, n))  # number of dims the index uses
+    ellipsis = k < n and draw(st.booleans())
+    split = draw(st.integers(0, k)) if ellipsis else k  # items before the ellipsis
+    dims = list(range(split)) + list(range(n - (k - split), n))
+    items = []
+    used_tensor = False
+    for d in dims:
+        size = bs[d]
+        kind = draw(st.sampled_from(["int", "slice", "mask", "tensor"]))
+        if kind in ("mask", "tensor") and used_tensor:
+            kind = "slice"
+        if kind == "int":
+            items.append(draw(st.integers(-size, size - 1)))
+        elif kind == "slice":
+            start = draw(st.none() | st.integers(-size, size))
+            stop = draw(st.none() | st.integers(-size, size))
+            step = draw(st.none() | st.integers(1, 3))
+            items.append(slice(start, stop, step))
+        elif kind == "mask":
+            used_tensor = True
+            items.append(torch.tensor(draw(st.lists(st.booleans(), min_size=size, max_size=size))))
+        else:
+            used_tensor = True
+            idx = draw(st.lists(st.integers(-size, size - 1), min_size=1, max_size=4))
+            items.append(torch.tensor(idx))
+    if ellipsis:
+        items.insert(split, Ellipsis)
+    for _ in range(draw(st.integers(0, 2))):
+        items.insert(draw(st.integers(0, len(items))), None)
+    if not items:  # td[()] is an (empty) key, not a batch index
+        return bs, Ellipsis
+    idx = tuple(items) if len(items) != 1 or draw(st.booleans()) else items[0]
+    return bs, idx
+
+
+@given(batch_and_index())
+def test_index_property(case):
+    bs, idx = case
+    check_index(make(bs), idx)
+
+
+# ------------------------------------------------------------------ stack / cat / unbind
+def test_stack_and_cat_shapes():
+    td = make()
+    assert fd.stack([td, td]).batch_size == torch.Size([2, 4, 3])
+    assert fd.stack([td, td, td], dim=1).batch_size == torch.Size([4, 3, 3])
+    assert fd.stack([td, td], dim=-1).batch_size == torch.Size([4, 3, 2])
+    assert fd.cat([td, td]).batch_size == torch.Size([8, 3])
+    assert fd.cat([td, td], dim=-1).batch_size == torch.Size([4, 6])
+    s = fd.stack([td, td], dim=2)
+    assert s["obs"].batch_size == torch.Size([4, 3, 2])
+    assert s["obs", "pos"].shape == (4, 3, 2, 5)
+    assert torch.equal(s["x"], torch.stack([td["x"], td["x"]], 2))
+
+
+def test_cat_values():
+    a, b = make(), make().apply(lambda x: x + 1)
+    c = fd.cat([a, b], dim=1)
+    assert torch.equal(c["obs", "pos"], torch.cat([a["obs", "pos"], b["obs", "pos"]], 1))
+    assert_close(c[:, :3], a)
+    assert_close(c[:, 3:], b)
+    small = a[:, :1]
+    assert fd.cat([a, small], dim=1).batch_size == torch.Size([4, 4])
+
+
+def test_stack_cat_agree_with_tensordict():
+    tensordict = pytest.importorskip("tensordict")
+    td = make()
+    ref = tensordict.TensorDict(td.to_dict(), batch_size=td.batch_size)
+    for dim in (0, 1, 2, -1):
+        s, rs = fd.stack([td, td], dim), torch.stack([ref, ref], dim)
+        assert s.batch_size == rs.batch_size
+        assert torch.equal(s["obs", "pos"], rs["obs", "pos"])
+    for dim in (0, 1, -1):
+        c, rc = fd.cat([td, td], dim), torch.cat([ref, ref], dim)
+        assert c.batch_size == rc.batch_size
+        assert torch.equal(c["x"], rc["x"])
+
+
+def test_unbind():
+    td = make()
+    parts = fd.unbind(td)
+    assert len(parts) == 4
+    assert all(p.batch_size == torch.Size([3]) for p in parts)
+    assert_close(parts[2], td[2])
+    parts1 = td.unbind(1)
+    assert len(parts1) == 3 and parts1[0].batch_size == torch.Size([4])
+    assert_close(fd.stack(list(parts1), 1), td)
+    assert_close(fd.stack(list(td.unbind(-1)), -1), td)
+
+
+def test_stack_keeps_inputs():
+    a, b = make(), make()
+    ids = [id(v) for v in a.values(True, True)]
+    fd.stack([a, b])
+    fd.cat([a, b])
+    assert [id(v) for v in a.values(True, True)] == ids
+    assert a.batch_size == torch.Size([4, 3])
+
+
+@given(
+    tensordicts(batch_shape=batch_shapes(max_dims=2), max_depth=2),
+    st.integers(1, 3),
+    st.data(),
+)
+def test_stack_then_index_gives_back_parts(td, n, data):
+    parts = [td.apply(lambda x, i=i: x + i) for i in range(n)]
+    dim = data.draw(st.integers(0, td.batch_dims))
+    stacked = fd.stack(parts, dim)
+    assert stacked.batch_size == torch.Size((*td.batch_size[:dim], n, *td.batch_size[dim:]))
+    lead = (slice(None),) * dim
+    for i, p in enumerate(parts):
+        assert_close(stacked[(*lead, i)], p)
+    for got, p in zip(fd.unbind(stacked, dim), parts):
+        assert_close(got, p)
+
+
+NONEMPTY_SHAPES = st.lists(st.integers(1, 3), min_size=1, max_size=2).map(tuple)
+
+
+@given(tensordicts(batch_shape=NONEMPTY_SHAPES, max_depth=2), st.data())
+def test_cat_then_slice_gives_back_parts(td, data):
+    dim = data.draw(st.integers(0, td.batch_dims - 1))
+    other = td.apply(lambda x: x * 2)
+    out = fd.cat([td, other], dim)
+    size = td.batch_size[dim]
+    lead = (slice(None),) * dim
+    assert_close(out[(*lead, slice(0, size))], td)
+    assert_close(out[(*lead, slice(size, None))], other)
+
+
+# ------------------------------------------------------------------ reshape & co
+def test_reshape():
+    td = make()
+    r = td.reshape(12)
+    assert r.batch_size == torch.Size([12])
+    assert r["obs", "pos"].shape == (12, 5)
+    assert torch.equal(r["x"], td["x"].reshape(12, 2))
+    assert td.reshape(2, -1).batch_size == torch.Size([2, 6])
+    assert td.reshape((3, 4)).batch_size == torch.Size([3, 4])
+    assert td.reshape(-1, 1, 2).batch_size == torch.Size([6, 1, 2])
+    assert_close(r.reshape(4, 3), td)
+    assert td.batch_size == torch.Size([4, 3])
+
+
+def test_unsqueeze_squeeze():
+    td = make()
+    for dim, bs in [
+        (0, [1, 4, 3]),
+        (1, [4, 1, 3]),
+        (2, [4, 3, 1]),
+        (-1, [4, 3, 1]),
+        (-3, [1, 4, 3]),
+    ]:
+        u = td.unsqueeze(dim)
+        assert u.batch_size == torch.Size(bs), dim
+        assert u["x"].shape == (*bs, 2)
+        assert u.batch_size == torch.empty(4, 3).unsqueeze(dim).shape
+        assert_close(u.squeeze(), td)
+        assert_close(u.squeeze(dim), td)
+    assert td.squeeze(0) is td or td.squeeze(0).batch_size == td.batch_size
+    one = fd.TensorDict({"x": torch.zeros(1, 3, 1, 2)}, [1, 3, 1])
+    assert one.squeeze().batch_size == torch.Size([3])
+    assert one.squeeze().get("x").shape == (3, 2)
+    assert one.squeeze(2).batch_size == torch.Size([1, 3])
+    assert one.squeeze(-1)["x"].shape == (1, 3, 2)
+
+
+def test_expand():
+    td = make((1, 3))
+    e = td.expand(2, 4, 3)
+    assert e.batch_size == torch.Size([2, 4, 3])
+    assert e["obs", "pos"].shape == (2, 4, 3, 5)
+    assert torch.equal(e["x"][1, 2], td["x"][0])
+    assert e["x"].data_ptr() == td["x"].data_ptr()  # no copy
+    assert td.expand(-1, 3).batch_size == torch.Size([1, 3])
+    assert td.expand((5, 3)).batch_size == torch.Size([5, 3])
+
+
+@given(tensordicts(batch_shape=batch_shapes(max_dims=3), max_depth=2))
+def test_reshape_flat_round_trip(td):
+    flat = td.reshape(-1)
+    assert flat.batch_size == torch.Size([td.numel()])
+    assert_close(flat.reshape(td.batch_size), td)

@@ -1,0 +1,412 @@
+"""TensorDict basics: construction, reading, pure writes, leafwise helpers, repr.
+
+Where functd follows tensordict (``len``, nested key sets, ``from_dict``), the
+tests compare with ``tensordict.TensorDict`` directly.
+"""
+
+import pytest
+import torch
+from hypothesis import given
+
+import functd as fd
+from functd.testing import assert_close, example_tensordicts, tensordicts
+
+
+def make():
+    return fd.TensorDict({"x": torch.randn(5, 3), "obs": {"pos": torch.randn(5, 2)}}, [5])
+
+
+def leaf_ids(td):
+    return {k: id(v) for k, v in td.items(include_nested=True, leaves_only=True)}
+
+
+# ------------------------------------------------------------------ construction
+def test_nested_mapping_becomes_nested_tensordict():
+    pos = torch.randn(5, 2)
+    td = fd.TensorDict({"obs": {"pos": pos, "deep": {"z": torch.zeros(5)}}}, batch_size=[5])
+    assert isinstance(td["obs"], fd.TensorDict)
+    assert isinstance(td["obs", "deep"], fd.TensorDict)
+    assert td["obs"].batch_size == torch.Size([5])
+    assert td["obs", "deep"].batch_size == torch.Size([5])
+    assert td["obs", "pos"] is pos
+
+
+def test_tensordict_values_are_kept_as_is():
+    inner = fd.TensorDict({"a": torch.zeros(5, 2, 1)}, [5, 2])
+    td = fd.TensorDict({"inner": inner, "x": torch.zeros(5)}, [5])
+    assert td["inner"] is inner
+    assert td["inner"].batch_size == torch.Size([5, 2])
+
+
+def test_construction_from_tensordict_shares_leaves():
+    td = make()
+    td2 = fd.TensorDict(td, [5])
+    assert leaf_ids(td2) == leaf_ids(td)
+    assert fd.TensorDict(td, []).batch_size == torch.Size([])
+
+
+@pytest.mark.parametrize(
+    "bs, expected",
+    [
+        (None, []),
+        ([], []),
+        (5, [5]),
+        ([5], [5]),
+        ((5, 3), [5, 3]),
+        (torch.Size([5, 3]), [5, 3]),
+    ],
+)
+def test_batch_size_forms(bs, expected):
+    td = fd.TensorDict({"x": torch.zeros(5, 3)}, batch_size=bs)
+    assert td.batch_size == torch.Size(expected)
+    assert isinstance(td.batch_size, torch.Size)
+    assert td.shape == td.batch_size
+    assert td.batch_dims == td.ndim == len(expected)
+    assert td.numel() == torch.Size(expected).numel()
+
+
+def test_construction_never_copies_leaves():
+    x = torch.randn(5, 3)
+    td = fd.TensorDict({"x": x}, [5])
+    assert td["x"] is x
+    assert td["x"].data_ptr() == x.data_ptr()
+
+
+def test_empty():
+    td = fd.TensorDict()
+    assert td.batch_size == torch.Size([])
+    assert td.keys() == ()
+    assert td.is_empty()
+    assert fd.TensorDict({"a": {}}, [3]).is_empty()
+    assert not make().is_empty()
+
+
+# ------------------------------------------------------------------ reading
+def test_get_and_getitem_str_and_tuple():
+    td = make()
+    assert td["x"] is td.get("x")
+    assert td["obs", "pos"] is td.get(("obs", "pos")) is td["obs"]["pos"]
+    assert td[("x",)] is td["x"]
+    assert td.get("z", None) is None
+    assert td.get(("obs", "z"), 7) == 7
+    assert td.get(("nope", "z"), 7) == 7
+
+
+def test_dotted_key_is_literal():
+    x = torch.zeros(2)
+    td = fd.TensorDict({"a.b": x, "a": {"b": torch.ones(2)}}, [2])
+    assert td["a.b"] is x
+    assert not torch.equal(td["a", "b"], x)
+
+
+def test_contains():
+    td = make()
+    assert "x" in td
+    assert "obs" in td
+    assert ("obs", "pos") in td
+    assert ("obs", "nope") not in td
+    assert ("x", "y") not in td
+    assert "pos" not in td
+    assert 3 not in td
+    assert () not in td
+
+
+def test_keys_values_items():
+    td = make()
+    assert td.keys() == ("x", "obs")
+    assert td.keys(include_nested=True) == ("x", "obs", ("obs", "pos"))
+    assert td.keys(include_nested=True, leaves_only=True) == ("x", ("obs", "pos"))
+    assert td.keys(leaves_only=True) == ("x",)
+    vals = td.values(include_nested=True, leaves_only=True)
+    assert vals[0] is td["x"] and vals[1] is td["obs", "pos"]
+    items = td.items(include_nested=True)
+    assert [k for k, _ in items] == list(td.keys(include_nested=True))
+    assert all(v is td[k] for k, v in items)
+
+
+def test_len_is_first_batch_dim():
+    assert len(make()) == 5
+    assert len(fd.TensorDict({"x": torch.zeros(2, 3)}, [2, 3])) == 2
+    assert len(fd.TensorDict({"x": torch.zeros(2, 3)}, [])) == 0
+
+
+def test_iter_over_first_batch_dim():
+    td = make()
+    parts = list(td)
+    assert len(parts) == 5
+    assert torch.equal(parts[2]["x"], td["x"][2])
+    with pytest.raises(TypeError, match="keys"):
+        iter(fd.TensorDict({"x": torch.zeros(3)}, []))
+
+
+def test_bool_is_ambiguous():
+    with pytest.raises(TypeError, match="is_empty"):
+        bool(make())
+
+
+def test_device():
+    assert make().device == torch.device("cpu")
+    assert fd.TensorDict().device is None
+    meta = fd.TensorDict({"a": torch.zeros(2), "b": torch.empty(2, device="meta")}, [2])
+    assert meta.device is None
+    assert fd.TensorDict({"a": torch.empty(2, device="meta")}, [2], device="meta").device == (
+        torch.device("meta")
+    )
+
+
+# ------------------------------------------------------------------ pure writes
+def test_set_returns_new_object_and_keeps_input():
+    td = make()
+    before = leaf_ids(td)
+    y = torch.zeros(5, 1)
+    td2 = td.set("y", y)
+    assert td2 is not td
+    assert "y" in td2 and "y" not in td
+    assert leaf_ids(td) == before
+    assert td2["y"] is y
+    assert td2["x"] is td["x"]  # untouched leaves are shared, never copied
+    assert td2["obs"] is td["obs"]
+
+
+def test_set_replaces_and_nested_path():
+    td = make()
+    new = torch.ones(5, 2)
+    td2 = td.set(("obs", "pos"), new)
+    assert td2["obs", "pos"] is new
+    assert td["obs", "pos"] is not new
+    td3 = td.set(("obs", "vel"), new).set(("a", "b", "c"), torch.zeros(5))
+    assert td3.keys(True, True) == ("x", ("obs", "pos"), ("obs", "vel"), ("a", "b", "c"))
+    assert td3["a", "b"].batch_size == torch.Size([5])
+    assert td.keys(True, True) == ("x", ("obs", "pos"))
+
+
+def test_set_keeps_leaf_identity_and_storage():
+    td = make()
+    y = torch.randn(5, 4)
+    ptr = y.data_ptr()
+    td2 = td.set("y", y)
+    assert td2["y"] is y and td2["y"].data_ptr() == ptr
+
+
+def test_set_nested_tensordict_and_mapping():
+    td = make().set("sub", {"a": torch.zeros(5, 2)})
+    assert isinstance(td["sub"], fd.TensorDict)
+    assert td["sub"].batch_size == torch.Size([5])
+
+
+def test_select():
+    td = make()
+    s = td.select("x")
+    assert s.keys() == ("x",) and s["x"] is td["x"]
+    s = td.select(("obs", "pos"))
+    assert s.keys(True) == ("obs", ("obs", "pos"))
+    assert s["obs", "pos"] is td["obs", "pos"]
+    assert s["obs"].batch_size == torch.Size([5])
+    assert td.select().keys() == ()
+    assert td.select("x", "nope", strict=False).keys() == ("x",)
+    with pytest.raises(KeyError, match="nope"):
+        td.select("nope")
+
+
+def test_select_keeps_nested_batch_size():
+    td = example_tensordicts()["longer_child"]
+    s = td.select(("c", "y"))
+    assert s["c"].batch_size == torch.Size([3, 2])
+
+
+def test_exclude():
+    td = make()
+    e = td.exclude("x")
+    assert e.keys() == ("obs",)
+    assert e["obs"] is td["obs"]
+    e = td.exclude(("obs", "pos"))
+    assert e.keys(True) == ("x", "obs")
+    assert td.exclude("missing", ("obs", "missing")).keys(True) == td.keys(True)
+    assert td.keys(True) == ("x", "obs", ("obs", "pos"))
+
+
+def test_update_merges_nested():
+    td = make()
+    vel = torch.zeros(5, 2)
+    x = torch.ones(5, 3)
+    u = td.update({"obs": {"vel": vel}, "x": x})
+    assert u["obs", "pos"] is td["obs", "pos"]
+    assert u["obs", "vel"] is vel
+    assert u["x"] is x
+    assert td.keys(True, True) == ("x", ("obs", "pos"))
+    u2 = td.update(fd.TensorDict({"obs": {"pos": torch.zeros(5, 7)}}, [5]))
+    assert u2["obs", "pos"].shape == (5, 7)
+    u3 = td.update({("obs", "a"): torch.zeros(5)})
+    assert ("obs", "a") in u3 and ("obs", "pos") in u3
+
+
+def test_rename():
+    td = make()
+    r = td.rename({"x": "x0"})
+    assert r.keys() == ("obs", "x0")
+    assert r["x0"] is td["x"]
+    assert "x" in td
+    r = td.rename(x="y")
+    assert r["y"] is td["x"]
+    r = td.rename({("obs", "pos"): "pos"})
+    assert r["pos"] is td["obs", "pos"]
+    assert ("obs", "pos") not in r
+    with pytest.raises(KeyError, match="nope"):
+        td.rename({"nope": "a"})
+
+
+def test_apply_single_and_several():
+    td = make()
+    out = td.apply(lambda x: x * 2)
+    assert torch.equal(out["obs", "pos"], td["obs", "pos"] * 2)
+    other = td.apply(torch.ones_like)
+    third = td.apply(lambda x: torch.full_like(x, 3.0))
+    out = td.apply(lambda a, b, c: a + b * c, other, third)
+    assert torch.equal(out["x"], td["x"] + 3)
+    assert out.keys(True) == td.keys(True)
+
+
+def test_apply_none_drops_entry():
+    td = make()
+    out = td.apply(lambda x: None if x.shape[-1] == 3 else x)
+    assert "x" not in out
+    assert out["obs", "pos"] is td["obs", "pos"]
+
+
+def test_apply_batch_size():
+    td = make()
+    out = td.apply(lambda x: x[:2], batch_size=[2])
+    assert out.batch_size == torch.Size([2])
+    assert out["obs"].batch_size == torch.Size([2])
+    with pytest.raises(ValueError, match="batch size"):
+        td.apply(lambda x: x, batch_size=[3])
+
+
+def test_apply_rejects_non_tensordict_and_mismatched_keys():
+    td = make()
+    with pytest.raises(TypeError, match="not a TensorDict"):
+        td.apply(torch.add, {"x": 1})
+    with pytest.raises(KeyError, match=r"'x'.*same keys"):
+        td.apply(torch.add, td.exclude("x"))
+
+
+def test_apply_result_validated():
+    with pytest.raises(ValueError, match="'x'"):
+        make().apply(lambda x: x.sum())
+
+
+def test_to_clone_detach():
+    td = make().apply(lambda x: x.requires_grad_())
+    c = td.clone()
+    assert_close(c, td)
+    assert c["x"] is not td["x"] and c["x"].data_ptr() != td["x"].data_ptr()
+    d = td.detach()
+    assert not d["x"].requires_grad and td["x"].requires_grad
+    assert d["x"].data_ptr() == td["x"].data_ptr()
+    t = td.to(torch.float64)
+    assert t["obs", "pos"].dtype == torch.float64 and td["x"].dtype == torch.float32
+    m = td.detach().to("meta")
+    assert m.device == torch.device("meta") and m.batch_size == td.batch_size
+    assert td.cpu().device == torch.device("cpu")
+
+
+@pytest.mark.parametrize(
+    "name, dtype",
+    [
+        ("float", torch.float32),
+        ("double", torch.float64),
+        ("half", torch.float16),
+        ("bfloat16", torch.bfloat16),
+        ("int", torch.int32),
+        ("long", torch.int64),
+        ("bool", torch.bool),
+    ],
+)
+def test_dtype_casts(name, dtype):
+    td = example_tensordicts()["mixed_dtypes"]
+    out = getattr(td, name)()
+    assert {v.dtype for v in out.values(True, True)} == {dtype}
+    assert out.keys(True) == td.keys(True)
+    assert len({v.dtype for v in td.values(True, True)}) == 4  # input unchanged
+
+
+def test_to_dict_from_dict():
+    td = make()
+    d = td.to_dict()
+    assert type(d) is dict and type(d["obs"]) is dict
+    assert d["x"] is td["x"] and d["obs"]["pos"] is td["obs", "pos"]
+    back = fd.TensorDict.from_dict(d)
+    assert back.batch_size == torch.Size([5])  # auto batch size: common leading dims
+    assert_close(back, td)
+    assert fd.TensorDict.from_dict(d, batch_size=[]).batch_size == torch.Size([])
+    auto = fd.TensorDict.from_dict({"a": torch.zeros(3, 4, 5), "b": {"c": torch.zeros(3, 4)}})
+    assert auto.batch_size == torch.Size([3, 4])
+
+
+# ------------------------------------------------------------------ repr
+def test_repr_exact():
+    td = fd.TensorDict({"x": torch.randn(5, 3), "obs": {"pos": torch.randn(5, 2)}}, batch_size=[5])
+    assert repr(td) == (
+        "TensorDict(batch_size=[5], fields={obs: TensorDict(batch_size=[5], "
+        "fields={pos: f32[2]}), x: f32[3]})"
+    )
+
+
+def test_repr_dtypes_and_empty():
+    td = example_tensordicts()["mixed_dtypes"]
+    assert repr(td) == (
+        "TensorDict(batch_size=[4], fields={b: bool[1], f16: f16[], f64: f64[2], i64: i64[]})"
+    )
+    assert repr(fd.TensorDict()) == "TensorDict(batch_size=[], fields={})"
+
+
+def test_repr_device():
+    td = fd.TensorDict({"a": torch.empty(2, 3, device="meta")}, [2])
+    assert repr(td) == "TensorDict(batch_size=[2], device=meta, fields={a: f32[3]})"
+    mixed = fd.TensorDict({"a": torch.empty(2, device="meta"), "b": torch.zeros(2)}, [2])
+    assert repr(mixed) == "TensorDict(batch_size=[2], fields={a: f32[]@meta, b: f32[]})"
+
+
+# ------------------------------------------------------------------ properties
+@given(tensordicts(max_depth=3))
+def test_clone_close_and_distinct(td):
+    c = td.clone()
+    assert_close(c, td)
+    for a, b in zip(c.values(True, True), td.values(True, True)):
+        assert a is not b
+
+
+@given(tensordicts(max_depth=3))
+def test_to_dict_from_dict_round_trip(td):
+    assert_close(fd.TensorDict.from_dict(td.to_dict(), td.batch_size), td)
+
+
+# ------------------------------------------------------------------ tensordict reference
+def to_reference(td):
+    tensordict = pytest.importorskip("tensordict")
+    return tensordict.TensorDict(td.to_dict(), batch_size=td.batch_size)
+
+
+@pytest.mark.parametrize("name", list(example_tensordicts()))
+def test_keys_len_agree_with_tensordict(name):
+    td = example_tensordicts()[name]
+    ref = to_reference(td)
+    assert len(td) == len(ref)
+    assert td.batch_size == ref.batch_size
+    for nested in (False, True):
+        for leaves in (False, True):
+            assert set(td.keys(nested, leaves)) == set(ref.keys(nested, leaves)), (nested, leaves)
+    for k in td.keys(True, True):
+        assert torch.equal(td[k], ref[k])
+        assert (k in td) == (k in ref.keys(True))
+
+
+def test_from_dict_agrees_with_tensordict():
+    tensordict = pytest.importorskip("tensordict")
+    for d in (
+        {"a": torch.zeros(3, 4, 5), "b": {"c": torch.zeros(3, 4, 2)}},
+        {"a": torch.zeros(3, 4, 5), "b": {"c": torch.zeros(3, 4, 5)}},
+        {"a": torch.zeros(3), "b": {"c": torch.zeros(2)}},
+    ):
+        ref = tensordict.TensorDict.from_dict(d, auto_batch_size=True)
+        assert fd.TensorDict.from_dict(d).batch_size == ref.batch_size
