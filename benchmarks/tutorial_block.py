@@ -105,11 +105,11 @@ def cases(batch: int):
     return out
 
 
-def run_block():
+def run_block(grad: bool):
     results = {}
     for batch in (1, 256):
         for name, (fn, call) in cases(batch).items():
-            with torch.no_grad():
+            with torch.set_grad_enabled(grad):
                 eager = median_us(lambda fn=fn, call=call: call(fn))
                 comp = float("nan")
                 if COMPILE:
@@ -174,9 +174,16 @@ def run_overhead():
 
 def main():
     print(f"# tutorial block ({machine()})\n")
-    results = run_block()
-    print()
-    run_overhead()
+    print("## no_grad\n")
+    report(run_block(grad=False))
+    print("\n## grad enabled (as the tutorial's Timer runs)\n")
+    report(run_block(grad=True))
+    print("\n## per-module overhead (no_grad)\n")
+    with torch.no_grad():
+        run_overhead()
+
+
+def report(results):
     e_fd, c_fd = results[("functd Sequential (td)", 1)]
     e_h, c_h = results[("hand-written F.linear", 1)]
     print("\ntargets at batch 1:")

@@ -39,7 +39,9 @@ def _empty_params() -> TensorDict:
 
 def as_keys(keys: Any, what: str) -> tuple[Key, ...]:
     """Normalise ``in_keys``/``out_keys``: a str, or a sequence of str/tuple keys."""
-    if isinstance(keys, str | tuple) and (isinstance(keys, str) or all(isinstance(k, str) for k in keys)):
+    if isinstance(keys, str | tuple) and (
+        isinstance(keys, str) or all(isinstance(k, str) for k in keys)
+    ):
         keys = [keys]
     if not isinstance(keys, Sequence):
         raise TypeError(f"{what} must be a list of keys (str or tuple of str), got {keys!r}")
@@ -79,12 +81,18 @@ def _check_arity(fn: Callable, n: int, kwargs: tuple | None, label: str) -> None
         try:
             sig.bind(**dict.fromkeys(kwargs))
         except TypeError as e:
-            raise TypeError(f"{label}: the function cannot take keywords {list(kwargs)}: {e}") from None
+            raise TypeError(
+                f"{label}: the function cannot take keywords {list(kwargs)}: {e}"
+            ) from None
         return
     try:
         sig.bind(*range(n))
     except TypeError:
-        required = [p.name for p in params if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        required = [
+            p.name
+            for p in params
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
         raise TypeError(
             f"{label}: the function takes {len(required)} positional argument(s) "
             f"({', '.join(required)}) but in_keys has {n}; give one in_key per argument."
@@ -111,7 +119,18 @@ class Module:
         >>> add(None, td)  # no params
     """
 
-    __slots__ = ("_fn", "_has_params", "_kind", "_kwargs", "_random", "_source", "in_keys", "out_keys")
+    __slots__ = (
+        "_fn",
+        "_has_params",
+        "_kind",
+        "_kwargs",
+        "_plain",
+        "_random",
+        "_run",
+        "_source",
+        "in_keys",
+        "out_keys",
+    )
 
     def __init__(
         self,
@@ -127,15 +146,22 @@ class Module:
         outs = as_keys(out_keys, "out_keys")
         if len(set(outs)) != len(outs):
             dup = sorted({E.fmt_key(k) for k in outs if outs.count(k) > 1})
-            raise ValueError(f"Module out_keys has duplicates: {', '.join(dup)}; each output needs its own key.")
+            raise ValueError(
+                f"Module out_keys has duplicates: {', '.join(dup)}; each output needs its own key."
+            )
         if not outs:
             raise ValueError("Module needs at least one out_key.")
         source = None
         if isinstance(fn, torch.nn.Module) and not _is_layer(fn):
             source, fn = fn, _lower(fn)
         elif not callable(fn):
-            raise TypeError(f"Module(fn) takes a callable, a torch.nn.Module or a functd layer; got {type(fn).__name__}")
+            raise TypeError(
+                f"Module(fn) takes a callable, a torch.nn.Module or a functd layer; got {type(fn).__name__}"
+            )
         layer = _is_layer(fn)
+        plain = None  # a param-free layer's plain function, called directly on the hot path
+        if layer and not fn.has_params and not fn.random and hasattr(fn, "function"):
+            plain = fn.function()
         set_ = object.__setattr__
         set_(self, "_fn", fn)
         set_(self, "_source", source)
@@ -146,8 +172,13 @@ class Module:
         set_(self, "_random", layer and fn.random)
         # how _step calls fn: 0 layer with params, 1 layer without, 2 callable, 3 keywords
         set_(self, "_kind", (0 if fn.has_params else 1) if layer else (3 if kwargs else 2))
+        set_(self, "_plain", fn)
+        if plain is not None:
+            set_(self, "_kind", 2)
+            set_(self, "_plain", plain)
         if not layer:
             _check_arity(fn, len(ins), kwargs, self._label())
+        set_(self, "_run", _make_run(self))
 
     # ---------------------------------------------------------------- value
     @property
@@ -174,7 +205,9 @@ class Module:
         return hash(self._identity())
 
     def __setattr__(self, name: str, value: Any) -> None:
-        raise E.FrozenError(f"Module is immutable: cannot set {name!r}; build a new Module instead.")
+        raise E.FrozenError(
+            f"Module is immutable: cannot set {name!r}; build a new Module instead."
+        )
 
     def _label(self) -> str:
         name = getattr(self._fn, "__name__", None) or type(self._fn).__name__
@@ -184,7 +217,11 @@ class Module:
         return f"Module({name} -> {outs})"
 
     def __repr__(self) -> str:
-        fn = self._fn if _is_layer(self._fn) else getattr(self._fn, "__name__", type(self._fn).__name__)
+        fn = (
+            self._fn
+            if _is_layer(self._fn)
+            else getattr(self._fn, "__name__", type(self._fn).__name__)
+        )
         return f"Module({fn}, in_keys={list(self.in_keys)}, out_keys={list(self.out_keys)})"
 
     def __rshift__(self, other: Any):
@@ -203,16 +240,26 @@ class Module:
         return self._fn.init(key, dtype=dtype, device=device)
 
     # ---------------------------------------------------------------- call
-    def __call__(self, params: TensorDict | None = None, td: TensorDict | None = None, /, *, key: Any = None, **tensors: torch.Tensor):
+    def __call__(
+        self,
+        params: TensorDict | None = None,
+        td: TensorDict | None = None,
+        /,
+        *,
+        key: Any = None,
+        **tensors: torch.Tensor,
+    ):
         """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``."""
         if td is None:
             return _keyword_call(self, params, key, tensors)
         if tensors:
-            raise TypeError(f"{self._label()}: pass either a TensorDict or keyword tensors, not both.")
+            raise TypeError(
+                f"{self._label()}: pass either a TensorDict or keyword tensors, not both."
+            )
         if not isinstance(td, TensorDict):
             _bad_td(self, params, td)
         data = dict(td._data)
-        self._step(params, data, td._batch_size, key)
+        self._run(params, data, td._batch_size, key)
         return _new(data, td._batch_size)
 
     def _step(self, params: TensorDict | None, data: dict, bs: torch.Size, key: Any) -> None:
@@ -225,7 +272,7 @@ class Module:
             args.append(v)
         fn, kind = self._fn, self._kind
         if kind == 2:
-            out = fn(*args)
+            out = self._plain(*args)
         elif kind == 0:
             if type(params) is not TensorDict:
                 _bad_params(self, params)
@@ -237,28 +284,103 @@ class Module:
             out = fn(p, *args, key=key) if self._random else fn(p, *args)
         else:
             out = fn(**dict(zip(self._kwargs, args)))
-        outs = self.out_keys
-        if len(outs) == 1 and isinstance(out, torch.Tensor):
-            _write(self, data, bs, outs[0], out)
-            return
-        if isinstance(out, Mapping):
-            for k in outs:
-                if k not in out:
-                    raise KeyError(f"{self._label()}: the function returned a mapping without {E.fmt_key(k)}; it has {E.fmt_keys(out)}.")
-                _write(self, data, bs, k, out[k])
-            return
-        if not isinstance(out, tuple | list):
-            out = (out,)
-        if len(out) != len(outs):
-            raise ValueError(
-                f"{self._label()}: the function returned {len(out)} output(s) but out_keys has "
-                f"{len(outs)} ({E.fmt_keys(outs)}); give one out_key per output."
-            )
-        for k, v in zip(outs, out):
-            _write(self, data, bs, k, v)
+        _write_outputs(self, data, bs, out)
+
+
+def _write_outputs(self: Module, data: dict, bs: torch.Size, out: Any) -> None:
+    outs = self.out_keys
+    if len(outs) == 1 and isinstance(out, torch.Tensor):
+        _write(self, data, bs, outs[0], out)
+        return
+    if isinstance(out, Mapping):
+        for k in outs:
+            if k not in out:
+                raise KeyError(
+                    f"{self._label()}: the function returned a mapping without {E.fmt_key(k)}; it has {E.fmt_keys(out)}."
+                )
+            _write(self, data, bs, k, out[k])
+        return
+    if not isinstance(out, tuple | list):
+        out = (out,)
+    if len(out) != len(outs):
+        raise ValueError(
+            f"{self._label()}: the function returned {len(out)} output(s) but out_keys has "
+            f"{len(outs)} ({E.fmt_keys(outs)}); give one out_key per output."
+        )
+    for k, v in zip(outs, out):
+        _write(self, data, bs, k, v)
 
 
 _NOPE = object()
+_Tensor = torch.Tensor
+
+
+def _make_run(m: Module):
+    """The function a call runs: ``m._step``, or a specialised copy of it for the
+    common case of one str in_key and one str out_key (the hot path of a chain)."""
+    ins, outs, fn, kind, rnd = m.in_keys, m.out_keys, m._fn, m._kind, m._random
+    if kind == 2:
+        fn = m._plain
+    if not (all(type(k) is str for k in ins) and len(outs) == 1 and type(outs[0]) is str):
+        return m._step
+    if len(ins) != 1:
+        if kind != 2:
+            return m._step
+        o0 = outs[0]
+
+        def run_n(params, data, bs, key):
+            try:
+                args = [data[k] for k in ins]
+            except KeyError:
+                _missing_input(m, next(k for k in ins if k not in data), data)
+            out = fn(*args)
+            if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
+                return _write_outputs(m, data, bs, out)
+            data[o0] = out
+
+        return run_n
+    k0, o0 = ins[0], outs[0]
+    if kind == 2:
+
+        def run(params, data, bs, key):
+            x = data.get(k0, _NOPE)
+            if x is _NOPE:
+                _missing_input(m, k0, data)
+            out = fn(x)
+            if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
+                return _write_outputs(m, data, bs, out)
+            data[o0] = out
+
+    elif kind == 0:
+
+        def run(params, data, bs, key):
+            x = data.get(k0, _NOPE)
+            if x is _NOPE:
+                _missing_input(m, k0, data)
+            if type(params) is not TensorDict:
+                _bad_params(m, params)
+            if params._checked is not fn:
+                _check_params(m, params)
+            out = fn(params, x, key=key) if rnd else fn(params, x)
+            if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
+                return _write_outputs(m, data, bs, out)
+            data[o0] = out
+
+    elif kind == 1:
+        empty = _empty_params()
+
+        def run(params, data, bs, key):
+            x = data.get(k0, _NOPE)
+            if x is _NOPE:
+                _missing_input(m, k0, data)
+            out = fn(empty, x, key=key) if rnd else fn(empty, x)
+            if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
+                return _write_outputs(m, data, bs, out)
+            data[o0] = out
+
+    else:
+        return m._step
+    return run
 
 
 def _get_path(data: dict, key: tuple) -> Any:
@@ -294,7 +416,9 @@ def _write(m: Module, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
 
 def _missing_input(m: Module, key: Key, data: dict):
     has = E.fmt_keys(_TensorDictKeys(data))
-    raise KeyError(f"{m._label()} reads {E.fmt_key(key)}, which the tensordict lacks; it has: {has}")
+    raise KeyError(
+        f"{m._label()} reads {E.fmt_key(key)}, which the tensordict lacks; it has: {has}"
+    )
 
 
 def _TensorDictKeys(data: dict) -> list:
@@ -337,7 +461,9 @@ def _layout(fn) -> dict:
         else:
             with torch.device("meta"):
                 p = fn.init(0)
-            lay = {k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)}
+            lay = {
+                k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)
+            }
         _LAYOUTS[fn] = lay
     return lay
 

@@ -56,9 +56,26 @@ class Sequential:
         KeyError: a selected key is written by no module.
     """
 
-    __slots__ = ("_all_out", "_drop", "_random", "_steps", "in_keys", "modules", "names", "out_keys", "selected_out_keys")
+    __slots__ = (
+        "_all_out",
+        "_drop",
+        "_plain",
+        "_random",
+        "_run",
+        "_steps",
+        "in_keys",
+        "modules",
+        "names",
+        "out_keys",
+        "selected_out_keys",
+    )
 
-    def __init__(self, *modules: Module | Sequential, selected_out_keys: Sequence[Key] | None = None, _names: Sequence[str] | None = None) -> None:
+    def __init__(
+        self,
+        *modules: Module | Sequential,
+        selected_out_keys: Sequence[Key] | None = None,
+        _names: Sequence[str] | None = None,
+    ) -> None:
         if len(modules) == 1 and isinstance(modules[0], list | tuple):
             modules = tuple(modules[0])
         if not modules:
@@ -86,10 +103,20 @@ class Sequential:
         set_(self, "in_keys", tuple(ins))
         set_(self, "_all_out", tuple(outs))
         set_(self, "out_keys", sel if sel is not None else tuple(outs))
-        set_(self, "_drop", tuple(k for k in outs if sel is not None and k not in sel and k not in ins))
+        set_(
+            self,
+            "_drop",
+            tuple(k for k in outs if sel is not None and k not in sel and k not in ins),
+        )
         set_(self, "_random", any(m.random for m in flat))
-        steps = tuple((n, m, m.has_params, m.random, int(n), m._step) for n, m in zip(names, flat))
+        steps = tuple((n, m, m.has_params, m.random, int(n), m._run) for n, m in zip(names, flat))
         set_(self, "_steps", steps)
+        set_(
+            self,
+            "_plain",
+            tuple((n if m.has_params else None, m._run) for n, m in zip(names, flat)),
+        )
+        set_(self, "_run", self._step)
 
     # ---------------------------------------------------------------- value
     @property
@@ -136,7 +163,11 @@ class Sequential:
 
     def __repr__(self) -> str:
         body = ",\n".join(f"  {n}: {m!r}" for n, m in zip(self.names, self.modules))
-        sel = f",\n  selected_out_keys={list(self.selected_out_keys)}" if self.selected_out_keys else ""
+        sel = (
+            f",\n  selected_out_keys={list(self.selected_out_keys)}"
+            if self.selected_out_keys
+            else ""
+        )
         return f"Sequential(\n{body}{sel})"
 
     def select_out_keys(self, *keys: Key) -> Sequential:
@@ -161,7 +192,15 @@ class Sequential:
         return _new(data, torch.Size([]))
 
     # ---------------------------------------------------------------- call
-    def __call__(self, params: TensorDict | None = None, td: TensorDict | None = None, /, *, key: Any = None, **tensors: torch.Tensor):
+    def __call__(
+        self,
+        params: TensorDict | None = None,
+        td: TensorDict | None = None,
+        /,
+        *,
+        key: Any = None,
+        **tensors: torch.Tensor,
+    ):
         """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``."""
         if td is None:
             return _keyword_call(self, params, key, tensors)
@@ -170,7 +209,7 @@ class Sequential:
         if not isinstance(td, TensorDict):
             _bad_td(self, params, td)
         data = dict(td._data)
-        self._step(params, data, td._batch_size, key)
+        self._run(params, data, td._batch_size, key)
         return _new(data, td._batch_size)
 
     def _label(self) -> str:
@@ -178,29 +217,38 @@ class Sequential:
 
     def _step(self, params: TensorDict | None, data: dict, bs: torch.Size, key: Any) -> None:
         pdata = params._data if type(params) is TensorDict else None
-        present = set(data) if self._drop else None
-        for name, m, has_p, rnd, idx, step in self._steps:
-            p = None
+        if key is None and pdata is not None:
+            try:  # the hot path: no key, params given
+                for name, run in self._plain:
+                    run(None if name is None else pdata[name], data, bs, None)
+            except KeyError:
+                for name, m, has_p, *_ in self._steps:
+                    if has_p and name not in pdata:
+                        self._bad_params(params, name, m)
+                raise
+            self._drop_unselected(data)
+            return
+        for name, m, has_p, rnd, idx, run in self._steps:
             if has_p:
-                if pdata is None:
-                    self._bad_params(params, name, m)
-                p = pdata.get(name)
+                p = pdata.get(name) if pdata is not None else None
                 if p is None:
                     self._bad_params(params, name, m)
-            k = key
+            else:
+                p = None
             if rnd and key is not None:
                 from .random import fold_in
 
-                k = fold_in(key, idx)
-            step(p, data, bs, k)
+                run(p, data, bs, fold_in(key, idx))
+            else:
+                run(p, data, bs, key)
+        self._drop_unselected(data)
+
+    def _drop_unselected(self, data: dict) -> None:
         for k in self._drop:
-            head = k if type(k) is str else k[0]
-            if head in present and type(k) is str:
-                continue
             if type(k) is str:
                 data.pop(k, None)
-            elif type(data.get(head)) is TensorDict:
-                data[head] = data[head].exclude(k[1:])
+            elif type(data.get(k[0])) is TensorDict:
+                data[k[0]] = data[k[0]].exclude(k[1:])
 
     def _bad_params(self, params: Any, name: str, m: Any):
         if type(params) is not TensorDict:

@@ -54,8 +54,12 @@ class ReLU(Layer):
         [0.0, 2.0]
     """
 
+    def function(self):
+        """The plain function of the inputs (``fd.Module`` calls it directly)."""
+        return torch.relu
+
     def __call__(self, params: TensorDict, x: Tensor, *, key: _Key = None) -> Tensor:
-        return F.relu(x)
+        return torch.relu(x)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +183,10 @@ class Sigmoid(Layer):
         [0.5]
     """
 
+    def function(self):
+        """The plain function of the inputs (``fd.Module`` calls it directly)."""
+        return torch.sigmoid
+
     def __call__(self, params: TensorDict, x: Tensor, *, key: _Key = None) -> Tensor:
         return torch.sigmoid(x)
 
@@ -191,6 +199,10 @@ class Tanh(Layer):
         >>> Tanh()(Tanh().init(0), torch.zeros(1)).tolist()
         [0.0]
     """
+
+    def function(self):
+        """The plain function of the inputs (``fd.Module`` calls it directly)."""
+        return torch.tanh
 
     def __call__(self, params: TensorDict, x: Tensor, *, key: _Key = None) -> Tensor:
         return torch.tanh(x)
