@@ -20,14 +20,18 @@ MIN_RUN_TIME = float(os.environ.get("BENCH_MIN_RUN_TIME", "0.3"))
 def median_us(fn, min_run_time: float = MIN_RUN_TIME) -> float:
     """Median time of ``fn()`` in microseconds."""
     fn()
-    return Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e6
+    return (
+        Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e6
+    )
 
 
 def machine() -> str:
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+            cpu = next(
+                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
+            )
     except OSError:
         pass
     return (

@@ -19,9 +19,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import machine, median_us, table  # noqa: E402
+from _common import machine, median_us, table
 
-import functd as fd  # noqa: E402
+import functd as fd
 
 COMPILE = os.environ.get("BENCH_COMPILE", "1") == "1"
 
@@ -168,7 +168,9 @@ def run_overhead():
     print(table(["modules", "functd µs", "plain loop µs", "tensordict µs"], rows))
     fd_per = (per[16][1] - per[1][1]) / 15 - (per[16][2] - per[1][2]) / 15
     td_per = (per[16][3] - per[1][3]) / 15 - (per[16][2] - per[1][2]) / 15
-    print(f"\nper-module overhead beyond the op: functd {fd_per:.2f} µs, tensordict {td_per:.2f} µs")
+    print(
+        f"\nper-module overhead beyond the op: functd {fd_per:.2f} µs, tensordict {td_per:.2f} µs"
+    )
     return fd_per, td_per
 
 
@@ -187,12 +189,18 @@ def report(results):
     e_fd, c_fd = results[("functd Sequential (td)", 1)]
     e_h, c_h = results[("hand-written F.linear", 1)]
     print("\ntargets at batch 1:")
-    print(f"  eager functd <= 1.25x hand-written: {e_fd / e_h:.2f}x -> {'met' if e_fd <= 1.25 * e_h else 'MISSED'}")
+    print(
+        f"  eager functd <= 1.25x hand-written: {e_fd / e_h:.2f}x -> {'met' if e_fd <= 1.25 * e_h else 'MISSED'}"
+    )
     if COMPILE:
-        print(f"  compiled functd <= 1.05x compiled hand-written: {c_fd / c_h:.2f}x -> {'met' if c_fd <= 1.05 * c_h else 'MISSED'}")
+        print(
+            f"  compiled functd <= 1.05x compiled hand-written: {c_fd / c_h:.2f}x -> {'met' if c_fd <= 1.05 * c_h else 'MISSED'}"
+        )
     if ("tensordict Sequential (td)", 1) in results:
         e_t = results[("tensordict Sequential (td)", 1)][0]
-        print(f"  eager >= 3x faster than tensordict: {e_t / e_fd:.2f}x -> {'met' if e_t >= 3 * e_fd else 'MISSED'}")
+        print(
+            f"  eager >= 3x faster than tensordict: {e_t / e_fd:.2f}x -> {'met' if e_t >= 3 * e_fd else 'MISSED'}"
+        )
     e_m = results[("nn.Module", 1)][0]
     print(f"  ahead of plain nn.Module: {e_m / e_fd:.2f}x -> {'met' if e_fd < e_m else 'MISSED'}")
 

@@ -126,10 +126,10 @@ def runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
     torch.testing.assert_close(pure_block(flat, x), ref(x))
 
     rows = {
-        "nn.Module": lambda f: (lambda: f(x)),
-        "hand-written pure function": lambda f: (lambda: f(flat, x)),
-        "functd Sequential, td call": lambda f: (lambda: f(params, td)),
-        "functd Sequential, keyword call": lambda f: (lambda: f(params, x=x)),
+        "nn.Module": lambda f: lambda: f(x),
+        "hand-written pure function": lambda f: lambda: f(flat, x),
+        "functd Sequential, td call": lambda f: lambda: f(params, td),
+        "functd Sequential, keyword call": lambda f: lambda: f(params, x=x),
     }
     fns = {
         "nn.Module": ref,
@@ -151,8 +151,8 @@ def runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
             selected_out_keys=["y"],
         )
         ttd = TensorDict({"x": x}, batch_size=[256])
-        rows["tensordict Sequential, td call"] = lambda f: (lambda: f(ttd.copy()))
-        rows["tensordict Sequential, keyword call"] = lambda f: (lambda: f(x=x))
+        rows["tensordict Sequential, td call"] = lambda f: lambda: f(ttd.copy())
+        rows["tensordict Sequential, keyword call"] = lambda f: lambda: f(x=x)
         fns["tensordict Sequential, td call"] = tdm
         fns["tensordict Sequential, keyword call"] = tdm
     except ImportError:

@@ -12,11 +12,11 @@ from . import nn as nn
 from . import random as random
 from . import testing as testing
 from ._io import load as load
+from ._io import save as save
 from ._module import Module as Module
 from ._params import from_module as from_module
 from ._params import to_module as to_module
 from ._sequential import Sequential as Sequential
-from ._io import save as save
 from ._shape import cat as cat
 from ._shape import stack as stack
 from ._shape import unbind as unbind

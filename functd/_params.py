@@ -50,7 +50,9 @@ def from_module(module: Any) -> TensorDict:
         return _new({}, torch.Size([]))
     if isinstance(module, torch.nn.Module):
         return state_to_td(module)
-    raise TypeError(f"fd.from_module takes a torch.nn.Module, fd.Module or fd.Sequential, got {type(module).__name__}")
+    raise TypeError(
+        f"fd.from_module takes a torch.nn.Module, fd.Module or fd.Sequential, got {type(module).__name__}"
+    )
 
 
 def to_module(params: TensorDict, module: Any) -> Any:
@@ -77,4 +79,6 @@ def to_module(params: TensorDict, module: Any) -> Any:
         return module
     if isinstance(module, torch.nn.Module):
         return load_td(params, module)
-    raise TypeError(f"fd.to_module takes a torch.nn.Module, fd.Module or fd.Sequential, got {type(module).__name__}")
+    raise TypeError(
+        f"fd.to_module takes a torch.nn.Module, fd.Module or fd.Sequential, got {type(module).__name__}"
+    )

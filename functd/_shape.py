@@ -181,7 +181,9 @@ def _same_shapes(vals: list, key: tuple, n: int, where: str, skip: int | None) -
     for i, v in enumerate(vals[1:], 1):
         s = v.shape
         if len(s) != len(s0) or any(
-            a != b for j, (a, b) in enumerate(zip(s, s0)) if j >= n or (skip is not None and j != skip)
+            a != b
+            for j, (a, b) in enumerate(zip(s, s0))
+            if j >= n or (skip is not None and j != skip)
         ):
             raise ValueError(E.stack_shapes(i, key, s0[n:], s[n:], where))
 

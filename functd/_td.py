@@ -18,13 +18,13 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, Union
+from typing import Any
 
 import torch
 
 from . import _errors as E
 
-Key = Union[str, tuple[str, ...]]
+Key = str | tuple[str, ...]
 _MISSING = object()  # "no default given"
 _ABSENT = object()  # a default that no entry can be
 
@@ -327,7 +327,9 @@ class TensorDict:
         """
         for i, o in enumerate(others):
             if not isinstance(o, TensorDict):
-                raise TypeError(f"apply: argument {i + 1} is a {type(o).__name__}, not a TensorDict")
+                raise TypeError(
+                    f"apply: argument {i + 1} is a {type(o).__name__}, not a TensorDict"
+                )
         new_bs = None if batch_size is None else _check_batch_size(batch_size)
         return _apply(self, fn, others, new_bs)
 

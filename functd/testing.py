@@ -74,7 +74,7 @@ def _check_batch_sizes(a: Any, e: Any, path: tuple) -> None:
                 f"batch sizes differ at {path or 'the root'}: {list(a.batch_size)} vs "
                 f"{list(e.batch_size)}"
             )
-        for k in a.keys():
+        for k in a.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
             _check_batch_sizes(a[k], e[k], (*path, k))
     elif isinstance(a, dict | list | tuple) and type(a) is type(e):
         items = a.items() if isinstance(a, dict) else enumerate(a)
@@ -169,7 +169,9 @@ def tensordicts(
         return TensorDict(_level(draw, bs, max_depth, g, device), bs)
 
     def _level(draw, bs, depth, g, device):
-        keys = draw(st.lists(st.sampled_from(_KEYS), min_size=min_keys, max_size=max_keys, unique=True))
+        keys = draw(
+            st.lists(st.sampled_from(_KEYS), min_size=min_keys, max_size=max_keys, unique=True)
+        )
         out = {}
         for k in keys:
             if depth > 1 and draw(st.booleans()):

@@ -52,10 +52,7 @@ def _layer_entry(name: str) -> Entry:
     def example():
         g = torch.Generator().manual_seed(0)
         xs = inputs()
-        xs = [
-            torch.randn(x.shape, generator=g) if x.is_floating_point() else x
-            for x in xs
-        ]
+        xs = [torch.randn(x.shape, generator=g) if x.is_floating_point() else x for x in xs]
         return fd.TensorDict(dict(zip(in_keys, xs)), [B])
 
     return Entry(
@@ -86,9 +83,7 @@ ENTRIES.update(
         "Module(nn.Linear lowered)": Entry(
             fd.Module, lambda: fd.Module(nn.Linear(3, 2), ["x"], ["y"]), _x
         ),
-        "Module(functional_call)": Entry(
-            fd.Module, lambda: fd.Module(_Custom(), ["x"], ["y"]), _x
-        ),
+        "Module(functional_call)": Entry(fd.Module, lambda: fd.Module(_Custom(), ["x"], ["y"]), _x),
         "Sequential(tutorial block)": Entry(fd.Sequential, _tutorial_block, _x),
         "Sequential(selected)": Entry(
             fd.Sequential, lambda: _tutorial_block().select_out_keys("y"), _x

@@ -55,7 +55,9 @@ def test_vmap_over_params_equals_loop(name):
     if not m.has_params:
         pytest.skip("no parameters")
     members = [params_for(m, key=k) for k in range(3)]
-    if all(torch.equal(a, b) for a, b in zip(fd.tree.leaves(members[0]), fd.tree.leaves(members[1]))):
+    if all(
+        torch.equal(a, b) for a, b in zip(fd.tree.leaves(members[0]), fd.tree.leaves(members[1]))
+    ):
         members = [p.apply(lambda v, i=i: v + 0.1 * i) for i, p in enumerate(members)]
     ens = fd.stack(members)
     td = e.example()
@@ -79,7 +81,9 @@ def test_float64_works(name):
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("name", ["Sequential(tutorial block)", "GRUCell", "Module(functional_call)"])
+@pytest.mark.parametrize(
+    "name", ["Sequential(tutorial block)", "GRUCell", "Module(functional_call)"]
+)
 def test_compile_equals_eager(name):
     torch._dynamo.reset()
     e = ENTRIES[name]

@@ -56,7 +56,11 @@ def test_module_callable_several_inputs_and_outputs():
 
 def test_module_dict_in_keys_map_to_kwargs_and_mapping_outputs():
     td = _td().set("b", torch.ones(5, 3))
-    m = fd.Module(lambda *, first, second: {"s": first - second}, in_keys={"x": "first", "b": "second"}, out_keys=["s"])
+    m = fd.Module(
+        lambda *, first, second: {"s": first - second},
+        in_keys={"x": "first", "b": "second"},
+        out_keys=["s"],
+    )
     torch.testing.assert_close(m(None, td)["s"], td["x"] - 1)
 
 
@@ -131,7 +135,9 @@ def test_sequential_of_wrapped_modules_matches_nn_sequential_and_gradients():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
     seq = fd.Sequential(
-        fd.Module(net[0], ["x"], ["a"]), fd.Module(net[1], ["a"], ["b"]), fd.Module(net[2], ["b"], ["c"])
+        fd.Module(net[0], ["x"], ["a"]),
+        fd.Module(net[1], ["a"], ["b"]),
+        fd.Module(net[2], ["b"], ["c"]),
     )
     params = fd.from_module(seq)
     assert set(params.keys()) == {"0", "2"}

@@ -28,7 +28,10 @@ def test_missing_input_key_names_module_key_and_present_keys(lin):
     m, params = lin
     td = fd.TensorDict({"obs": torch.zeros(2, 3), "h0": torch.zeros(2, 4)}, [2])
     snap = _snap(params, td)
-    with pytest.raises(KeyError, match=r"Module\(Linear -> 'h'\) reads 'x', which the tensordict lacks; it has: 'obs', 'h0'"):
+    with pytest.raises(
+        KeyError,
+        match=r"Module\(Linear -> 'h'\) reads 'x', which the tensordict lacks; it has: 'obs', 'h0'",
+    ):
         m(params, td)
     _unchanged(snap, params, td)
 
@@ -52,7 +55,10 @@ def test_output_not_a_tensor():
 def test_output_losing_batch_dims():
     m = fd.Module(lambda x: x.sum(), ["x"], ["y"])
     td = fd.TensorDict({"x": torch.zeros(2, 3)}, [2])
-    with pytest.raises(ValueError, match=r"output 'y' has shape \[\], which does not start with the batch size \[2\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"output 'y' has shape \[\], which does not start with the batch size \[2\]",
+    ):
         m(None, td)
 
 
@@ -111,7 +117,9 @@ def test_keyword_call_unknown_or_missing_names(lin):
 
 
 def test_lambda_arity_differs_from_in_keys():
-    with pytest.raises(TypeError, match=r"takes 2 positional argument\(s\) \(x, y\) but in_keys has 1"):
+    with pytest.raises(
+        TypeError, match=r"takes 2 positional argument\(s\) \(x, y\) but in_keys has 1"
+    ):
         fd.Module(lambda x, y: x + y, ["x"], ["z"])
 
 
@@ -129,5 +137,5 @@ def test_bad_keys():
 
 def test_from_module_of_pure_layer_module():
     m = fd.Module(fd.nn.Linear(3, 4), ["x"], ["h"])
-    with pytest.raises(TypeError, match="holds no weights; create them with m.init"):
+    with pytest.raises(TypeError, match=r"holds no weights; create them with m\.init"):
         fd.from_module(m)
