@@ -1,0 +1,682 @@
+"""Explicit, splittable PRNG keys: JAX's threefry2x32 in pure torch ops.
+
+Key layout:
+    A key is a plain ``torch.int32`` tensor with a trailing dim of size 2: the
+    two words of jax's ``uint32[2]`` raw threefry key (``jax.random.PRNGKey``),
+    each word's bits read as a two's-complement int32 (``key.view(torch.uint32)``
+    shows jax's numbers; uint32 keys are accepted). A batch of keys has shape
+    ``(..., 2)`` and every function maps over the leading dims:
+    ``uniform(split(k, 8), (3,))`` equals ``vmap(lambda k: uniform(k, (3,)))(split(k, 8))``.
+
+JAX compatibility:
+    Counters follow jax's default ``jax_threefry_partitionable=True``: element ``i``
+    (row-major) of a draw hashes ``(i >> 32, i & 0xFFFFFFFF)``; ``split(k, n)[i]``
+    and ``fold_in(k, i)`` hash ``(0, i)``; 32-bit ``bits`` xor the two output
+    words, 64-bit ones concatenate them, 8/16-bit ones keep the low bits of the
+    xor. Floats are built like jax's: mantissa bits under the exponent of 1.0,
+    minus 1, scaled, then ``max(minval, .)``.
+
+    Bit-exact with ``jax.random`` (with ``jax_enable_x64`` semantics: int seeds
+    are int64, the same as jax's default mode for seeds in ``[0, 2**31)``):
+    ``key``, ``split``, ``fold_in``, ``bits`` (8/16/32/64), ``uniform`` (float16,
+    bfloat16, float32, float64; float64 with a custom range may be 1-2 ulp
+    off jax's FMA), ``bernoulli``, ``randint`` and ``permutation``. ``normal`` and
+    ``truncated_normal`` port XLA's float32 ``erf_inv`` (within 3 ulp of jax over
+    1e6 draws; float64 uses ``torch.erfinv``); ``gumbel``/``exponential`` use
+    torch's ``log``/``log1p`` (1 ulp), so ``categorical`` matches unless values
+    tie within an ulp. The bit path is integer-only (wrapping int32 adds, shifts,
+    xor): CPU and GPU, eager and compiled, give identical bits.
+
+Everything is a pure function of its inputs (no global RNG, no ``.item()``, no
+data-dependent Python control flow): it works under ``torch.func.vmap`` and
+``torch.compile(fullgraph=True)``.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "bernoulli", "bits", "categorical", "exponential", "fold_in", "gumbel", "key",
+    "normal", "permutation", "randint", "split", "truncated_normal", "uniform",
+]  # fmt: skip
+
+Shape = int | Sequence[int]
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = 0x1BD11BDA
+_M32 = 0xFFFFFFFF
+_MIN32, _MAX32 = -(2**31), 2**31 - 1
+_MIN64, _MAX64 = -(2**63), 2**63 - 1
+# float dtype -> (total bits, mantissa bits, same-size int dtype), as jnp.finfo.
+_FLOATS = {
+    torch.float16: (16, 10, torch.int16), torch.bfloat16: (16, 7, torch.int16),
+    torch.float32: (32, 23, torch.int32), torch.float64: (64, 52, torch.int64),
+}  # fmt: skip
+# bits dtype -> (bit width, signed dtype with the same bits).
+_BITS = {
+    torch.uint8: (8, torch.int8), torch.int8: (8, torch.int8),
+    torch.uint16: (16, torch.int16), torch.int16: (16, torch.int16),
+    torch.uint32: (32, torch.int32), torch.int32: (32, torch.int32),
+    torch.uint64: (64, torch.int64), torch.int64: (64, torch.int64),
+}  # fmt: skip
+_INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
+# Giles' single-precision erfinv coefficients for w < 5 and w >= 5, as in XLA.
+_ERFINV_LT = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
+              0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)  # fmt: skip
+_ERFINV_GT = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
+              0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)  # fmt: skip
+_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+
+
+# -- validation ---------------------------------------------------------------
+
+
+def _check_key(fn: str, key: Tensor) -> Tensor:
+    fix = "make keys with functd.random.key(seed), split or fold_in"
+    if not isinstance(key, Tensor) or key.dtype not in (torch.int32, torch.uint32):
+        what = key.dtype if isinstance(key, Tensor) else type(key).__name__
+        raise TypeError(f"{fn}: `key` must be an int32 (or uint32) tensor, got {what}; {fix}.")
+    if key.ndim == 0 or key.shape[-1] != 2:
+        raise ValueError(f"{fn}: `key` must have shape (..., 2), got {tuple(key.shape)}; {fix}.")
+    return key.view(torch.int32) if key.dtype == torch.uint32 else key
+
+
+def _check_shape(fn: str, shape: Shape, name: str = "shape") -> tuple[int, ...]:
+    dims = (shape,) if not isinstance(shape, (Sequence, Tensor)) else shape
+    try:
+        if isinstance(shape, Tensor) or any(isinstance(d, bool) for d in dims):
+            raise TypeError
+        out = tuple(operator.index(d) for d in dims)
+    except TypeError:
+        raise TypeError(f"{fn}: `{name}` must be a tuple of ints, got {shape!r}.") from None
+    if any(d < 0 for d in out):
+        raise ValueError(f"{fn}: `{name}` must contain non-negative sizes, got {out}.")
+    return out
+
+
+def _check_float(fn: str, dtype: torch.dtype, name: str = "`dtype`") -> None:
+    if dtype not in _FLOATS:
+        raise TypeError(
+            f"{fn}: {name} must be torch.float16/bfloat16/float32/float64, not {dtype}."
+        )
+
+
+def _check_broadcast(fn: str, shape: tuple[int, ...], *shapes: Sequence[int]) -> None:
+    got = [tuple(s) for s in shapes]
+    try:
+        out = tuple(torch.broadcast_shapes(shape, *shapes))
+    except RuntimeError:
+        out = None
+    if out != shape:
+        raise ValueError(f"{fn}: parameter shapes {got} must broadcast to `shape`={shape}.")
+
+
+def _is_int(t: Tensor) -> bool:
+    return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
+
+
+def _prologue(fn: str, key: Tensor, shape: Shape, dtype: torch.dtype):
+    key = _check_key(fn, key)
+    _check_float(fn, dtype)
+    return key, _check_shape(fn, shape)
+
+
+def _to_i32(x: Tensor) -> Tensor:
+    """Low 32 bits of an int64 tensor as an int32 bit pattern (no overflowing cast)."""
+    return (((x & _M32) ^ 0x80000000) - 0x80000000).to(torch.int32)
+
+
+def _inplace_ok(t: Tensor) -> bool:
+    """Whether the eager in-place fast path may run: plain tensors, not compiling."""
+    if torch.compiler.is_compiling() or _is_wrapped is None:
+        return False
+    return type(t) is Tensor and not _is_wrapped(t)
+
+
+# -- threefry2x32 -------------------------------------------------------------
+
+
+def _threefry2x32(
+    k0: Tensor, k1: Tensor, x0: Tensor | None, x1: Tensor, fresh: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Hash int32 counters ``(x0, x1)`` (None: 0) under ``(k0, k1)``; ``fresh``: x1 is ours."""
+    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    inject = [(ks[(i + 1) % 3], ks[(i + 2) % 3] + (i + 1)) for i in range(5)]
+    if not (_inplace_ok(x1) and _inplace_ok(k0) and _inplace_ok(k1)):
+        x0, x1 = k0 if x0 is None else x0 + k0, x1 + k1
+        for i in range(5):
+            for r in _ROTATIONS[i % 2]:
+                x0 = x0 + x1
+                x1 = ((x1 << r) | ((x1 >> (32 - r)) & ((1 << r) - 1))) ^ x0  # rotl
+            x0, x1 = x0 + inject[i][0], x1 + inject[i][1]
+        return x0, x1
+    # Eager fast path: the same ops in place on fresh buffers; a new 4 MB tensor
+    # per op costs more than the op itself (page faults).
+    shape = torch.broadcast_shapes(k0.shape, k1.shape, x1.shape)
+    out0 = torch.empty(shape, dtype=torch.int32, device=k0.device).copy_(k0)
+    x0 = out0 if x0 is None else out0.add_(x0)
+    x1 = x1.add_(k1) if fresh and x1.shape == shape else x1 + k1
+    tmp = torch.empty_like(x1)
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0.add_(x1)
+            torch.bitwise_left_shift(x1, r, out=tmp)
+            x1.bitwise_right_shift_(32 - r).bitwise_and_((1 << r) - 1)
+            x1.bitwise_or_(tmp).bitwise_xor_(x0)
+        x0.add_(inject[i][0])
+        x1.add_(inject[i][1])
+    return x0, x1
+
+
+def _hash(key: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Threefry of the row-major counters of ``shape``: two int32 arrays ``(*batch, *shape)``."""
+    n = math.prod(shape)
+    expand = (..., *([None] * len(shape)))
+    k0, k1 = key[..., 0][expand], key[..., 1][expand]
+    if n <= 2**31:  # the high counter words are all zero
+        lo = torch.arange(n, dtype=torch.int32, device=key.device).reshape(shape)
+        return _threefry2x32(k0, k1, None, lo, fresh=True)
+    idx = torch.arange(n, dtype=torch.int64, device=key.device).reshape(shape)
+    return _threefry2x32(k0, k1, _to_i32(idx >> 32), _to_i32(idx), fresh=True)
+
+
+def _random_bits(key: Tensor, nbits: int, shape: tuple[int, ...]) -> Tensor:
+    """jax's random bits: int32 patterns (32), int64 patterns (64), values in int64 (8, 16)."""
+    b0, b1 = _hash(key, shape)
+    if nbits == 64:
+        return (b0.to(torch.int64) << 32) | (b1.to(torch.int64) & _M32)
+    out = b0.bitwise_xor_(b1) if _inplace_ok(b0) else b0 ^ b1
+    return out if nbits == 32 else out.to(torch.int64) & ((1 << nbits) - 1)
+
+
+# -- public API ---------------------------------------------------------------
+
+
+def key(seed: int | Tensor, *, device: torch.device | str | None = None) -> Tensor:
+    """Make a raw threefry2x32 key from an integer seed, like ``jax.random.PRNGKey``.
+
+    An int64 seed becomes ``[seed >> 32, seed & 0xFFFFFFFF]`` (two's complement),
+    as in jax; integer tensor seeds of <= 32 bits get a zero high word (like jax),
+    and a tensor of seeds gives a batch of keys.
+
+    Args:
+        seed: a Python int in ``[-2**63, 2**63)`` or an integer tensor.
+        device: where to put the key (tensor seeds keep theirs).
+
+    Returns:
+        An int32 tensor of shape ``(2,)`` (``(*seed.shape, 2)`` for tensor seeds).
+
+    Example:
+        >>> key(42)
+        tensor([ 0, 42], dtype=torch.int32)
+    """
+    if isinstance(seed, Tensor):
+        if not _is_int(seed):
+            raise TypeError(f"key: `seed` must be an integer tensor, got dtype {seed.dtype}.")
+        wide = seed.element_size() == 8  # narrower seeds get a zero high word, like jax
+        s = seed.view(torch.int64) if wide else seed.to(torch.int64)
+        return torch.stack([_to_i32(s >> 32 if wide else s * 0), _to_i32(s)], dim=-1)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise TypeError(f"key: `seed` must be an int or an integer tensor, got {seed!r}.")
+    if not _MIN64 <= seed <= _MAX64:
+        raise ValueError(f"key: `seed` must lie in [-2**63, 2**63) (int64), got {seed}.")
+    return _to_i32(torch.tensor([seed >> 32, seed], dtype=torch.int64, device=device))
+
+
+def split(key: Tensor, num: int = 2) -> Tensor:
+    """Split a key into ``num`` new independent keys, like ``jax.random.split``.
+
+    Args:
+        key: a key of shape ``(..., 2)``.
+        num: the number of keys, >= 1 (a tuple gives a shape of keys).
+
+    Returns:
+        Keys of shape ``(..., num, 2)``.
+
+    Example:
+        >>> k1, k2 = split(key(0))
+    """
+    key = _check_key("split", key)
+    if isinstance(num, int) and not isinstance(num, bool) and num < 1:
+        raise ValueError(f"split: `num` must be >= 1, got {num}.")
+    return torch.stack(_hash(key, _check_shape("split", num, "num")), dim=-1)
+
+
+def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
+    """Derive a new key from an integer, like ``jax.random.fold_in``: ``split(k, n)[data]``.
+
+    Args:
+        key: a key of shape ``(..., 2)``.
+        data: an int in ``[0, 2**32)`` or an integer tensor (low 32 bits, like jax).
+
+    Returns:
+        A key of shape ``(..., 2)`` (broadcast with a tensor ``data``).
+
+    Example:
+        >>> step_key = fold_in(key(0), 7)
+    """
+    key = _check_key("fold_in", key)
+    if isinstance(data, Tensor):
+        if not _is_int(data):
+            raise TypeError(f"fold_in: `data` must be an integer tensor, got dtype {data.dtype}.")
+        d = (data if data.dtype == torch.int32 else _to_i32(data.to(torch.int64))).to(key.device)
+    elif isinstance(data, bool) or not isinstance(data, int):
+        raise TypeError(f"fold_in: `data` must be an int or an integer tensor, got {data!r}.")
+    elif not 0 <= data <= _M32:
+        raise ValueError(f"fold_in: `data` must be in [0, 2**32), got {data}; use data % 2**32.")
+    else:
+        d = _to_i32(torch.tensor(data, dtype=torch.int64, device=key.device))
+    b0, b1 = torch.broadcast_tensors(*_threefry2x32(key[..., 0], key[..., 1], None, d))
+    return torch.stack([b0, b1], dim=-1)
+
+
+def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Tensor:
+    """Sample raw random bits, like ``jax.random.bits``.
+
+    Args:
+        key, shape: as for :func:`uniform`.
+        dtype: ``torch.{u,}int{8,16,32,64}``, the bit width (signed dtypes hold
+            the bit pattern of jax's unsigned value).
+
+    Returns:
+        A tensor of shape ``(*key.shape[:-1], *shape)``.
+
+    Example:
+        >>> b = bits(key(0), (2,), torch.uint32)
+    """
+    key, shape = _check_key("bits", key), _check_shape("bits", shape)
+    if dtype not in _BITS:
+        raise TypeError(f"bits: `dtype` must be an 8/16/32/64-bit integer dtype, got {dtype}.")
+    width, signed = _BITS[dtype]
+    out = _random_bits(key, width, shape)
+    if width < 32:
+        out = ((out ^ (1 << (width - 1))) - (1 << (width - 1))).to(signed)
+    return out if dtype == signed else out.view(dtype)
+
+
+def _unit(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+    """jax's floats in [0, 1): random mantissa bits | exponent of 1.0, minus 1."""
+    nbits, nmant, itype = _FLOATS[dtype]
+    if nbits == 32:
+        b = _random_bits(key, 32, shape)
+        if _inplace_ok(b):
+            b.bitwise_right_shift_(9).bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)
+            return b.view(torch.float32).sub_(1.0)
+        b = ((b >> 9) & 0x7FFFFF) | 0x3F800000
+    elif nbits == 64:
+        b = ((_random_bits(key, 64, shape) >> 12) & ((1 << 52) - 1)) | 0x3FF0000000000000
+    else:  # bfloat16 (7 mantissa bits) uses 8 random bits, like jax
+        rng_bits, one = (8, 0x3F80) if dtype == torch.bfloat16 else (16, 0x3C00)
+        b = ((_random_bits(key, rng_bits, shape) >> (rng_bits - nmant)) | one).to(itype)
+    return b.view(dtype) - 1.0
+
+
+def _param(fn: str, name: str, v: float | Tensor, dtype: torch.dtype, device) -> Tensor:
+    if isinstance(v, Tensor):
+        return v.to(device=device, dtype=dtype)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{fn}: `{name}` must be a number or a tensor, got {v!r}.")
+    return torch.tensor(v, dtype=dtype, device=device)
+
+
+def _scaled(u: Tensor, lo: Tensor, hi: Tensor, exact: bool = False) -> Tensor:
+    """jax's ``max(minval, u * (maxval - minval) + minval)``; ``exact``: the product is exact.
+
+    XLA fuses float32 multiply-adds into an FMA (one rounding): we round once too,
+    via float64. It does not fuse 16-bit floats; float64 may differ by 1-2 ulp.
+    """
+    scale = hi - lo
+    if exact and lo.ndim == 0 and _inplace_ok(u) and _inplace_ok(lo):
+        return u.mul_(scale).add_(lo).clamp_min_(lo)
+    if exact or u.dtype != torch.float32:
+        return torch.maximum(lo, u * scale + lo)
+    return torch.maximum(lo, (u.double() * scale.double() + lo.double()).float())
+
+
+def uniform(
+    key: Tensor,
+    shape: Shape = (),
+    dtype: torch.dtype = torch.float32,
+    minval: float | Tensor = 0.0,
+    maxval: float | Tensor = 1.0,
+) -> Tensor:
+    """Sample floats in ``[minval, maxval)``, bit-exact with ``jax.random.uniform``.
+
+    Args:
+        key: a key of shape ``(..., 2)``.
+        shape: the sample shape.
+        dtype: float16, bfloat16, float32 or float64.
+        minval: inclusive lower bound, a number or a tensor broadcasting to ``shape``.
+        maxval: exclusive upper bound, likewise.
+
+    Returns:
+        A tensor of shape ``(*key.shape[:-1], *shape)``.
+
+    Example:
+        >>> u = uniform(key(0), (3,), minval=-1.0, maxval=1.0)
+    """
+    key, shape = _prologue("uniform", key, shape, dtype)
+    u = _unit(key, shape, dtype)
+    plain = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (minval, maxval))
+    if plain and minval == 0 and maxval == 1:
+        return u  # u * 1 + 0 and max(0, u) are exact no-ops
+    lo = _param("uniform", "minval", minval, dtype, key.device)
+    hi = _param("uniform", "maxval", maxval, dtype, key.device)
+    _check_broadcast("uniform", shape, lo.shape, hi.shape)
+    return _scaled(u, lo, hi)
+
+
+def _erfinv32(x: Tensor) -> Tensor:
+    """XLA's float32 ``erf_inv`` (Giles' polynomials, both evaluated everywhere).
+
+    torch.erfinv is more accurate in the tails, where XLA's is up to ~90 ulp off.
+    """
+    ip = _inplace_ok(x)  # x is a fresh buffer of ours
+    w = torch.mul(x, x).neg_().log1p_().neg_() if ip else -torch.log1p(x * -x)
+    lt, edge = w < 5.0, torch.isinf(w)  # edge: |x| == 1
+    wg = torch.sqrt(w) - 3.0
+    wl = w.sub_(2.5) if ip else w - 2.5
+    pl, pg = torch.full_like(w, _ERFINV_LT[0]), torch.full_like(w, _ERFINV_GT[0])
+    for a, b in zip(_ERFINV_LT[1:], _ERFINV_GT[1:]):
+        if ip:
+            pl.mul_(wl).add_(a)
+            pg.mul_(wg).add_(b)
+        else:
+            pl, pg = a + pl * wl, b + pg * wg
+    if ip:
+        return torch.where(lt, pl, pg, out=pl).masked_fill_(edge, math.inf).mul_(x)
+    return torch.where(lt, pl, pg).masked_fill(edge, math.inf) * x
+
+
+def _sqrt2_erfinv(u: Tensor, dtype: torch.dtype) -> Tensor:
+    """``sqrt(2) * erf_inv(u)`` as jax computes it (16-bit floats via float32, like XLA)."""
+    sqrt2 = torch.tensor(math.sqrt(2.0), dtype=dtype, device=u.device)
+    if dtype == torch.float64:
+        return torch.erfinv(u) * sqrt2
+    z = _erfinv32(u.float()).to(dtype)
+    return z.mul_(sqrt2) if _inplace_ok(z) else z * sqrt2
+
+
+def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -> Tensor:
+    """Sample standard normals like ``jax.random.normal``.
+
+    Args:
+        key, shape, dtype: as for :func:`uniform`.
+
+    Returns:
+        ``sqrt(2) * erf_inv(uniform(key, shape, dtype, nextafter(-1, 0), 1))``, with
+        a port of XLA's float32 ``erf_inv`` (float64: ``torch.erfinv``).
+
+    Example:
+        >>> z = normal(key(0), (1000,))
+    """
+    key, shape = _prologue("normal", key, shape, dtype)
+    one = torch.tensor(1.0, dtype=dtype, device=key.device)
+    lo = torch.nextafter(-one, torch.zeros_like(one))
+    return _sqrt2_erfinv(_scaled(_unit(key, shape, dtype), lo, one, exact=True), dtype)
+
+
+def gumbel(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -> Tensor:
+    """Sample standard Gumbels like ``jax.random.gumbel`` (``mode="low"``).
+
+    Args:
+        key, shape, dtype: as for :func:`uniform`.
+
+    Returns:
+        ``-log(-log(uniform(key, shape, dtype, tiny, 1)))``.
+
+    Example:
+        >>> g = gumbel(key(0), (5,))
+    """
+    key, shape = _prologue("gumbel", key, shape, dtype)
+    tiny = torch.tensor(torch.finfo(dtype).tiny, dtype=dtype, device=key.device)
+    u = _scaled(_unit(key, shape, dtype), tiny, torch.ones_like(tiny), exact=True)
+    return u.log_().neg_().log_().neg_() if _inplace_ok(u) else -torch.log(-torch.log(u))
+
+
+def exponential(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -> Tensor:
+    """Sample standard exponentials like ``jax.random.exponential``.
+
+    Args:
+        key, shape, dtype: as for :func:`uniform`.
+
+    Returns:
+        ``-log1p(-uniform(key, shape, dtype))``.
+
+    Example:
+        >>> e = exponential(key(0), (5,))
+    """
+    key, shape = _prologue("exponential", key, shape, dtype)
+    u = _unit(key, shape, dtype)
+    return u.neg_().log1p_().neg_() if _inplace_ok(u) else -torch.log1p(-u)
+
+
+def truncated_normal(
+    key: Tensor,
+    lower: float | Tensor,
+    upper: float | Tensor,
+    shape: Shape | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
+    """Sample normals truncated to ``(lower, upper)``, like ``jax.random.truncated_normal``.
+
+    Args:
+        key, dtype: as for :func:`uniform`.
+        lower, upper: the bounds, numbers or tensors.
+        shape: the sample shape; default: ``lower`` and ``upper`` broadcast.
+
+    Returns:
+        ``sqrt(2) * erf_inv(uniform(erf(lower/sqrt2), erf(upper/sqrt2)))``,
+        clipped to the open interval.
+
+    Example:
+        >>> t = truncated_normal(key(0), -2.0, 2.0, (4,))
+    """
+    key = _check_key("truncated_normal", key)
+    _check_float("truncated_normal", dtype)
+    lo = _param("truncated_normal", "lower", lower, dtype, key.device)
+    hi = _param("truncated_normal", "upper", upper, dtype, key.device)
+    if shape is None:
+        shape = tuple(torch.broadcast_shapes(lo.shape, hi.shape))
+    shape = _check_shape("truncated_normal", shape)
+    _check_broadcast("truncated_normal", shape, lo.shape, hi.shape)
+    sqrt2 = torch.tensor(math.sqrt(2.0), dtype=dtype, device=key.device)
+    a, b = torch.erf(lo / sqrt2), torch.erf(hi / sqrt2)
+    out = _sqrt2_erfinv(_scaled(_unit(key, shape, dtype), a, b), dtype)
+    inf = torch.tensor(math.inf, dtype=dtype, device=key.device)
+    return torch.clamp(out, torch.nextafter(lo, inf), torch.nextafter(hi, -inf))
+
+
+def bernoulli(key: Tensor, p: float | Tensor = 0.5, shape: Shape | None = None) -> Tensor:
+    """Sample booleans, True with probability ``p``, like ``jax.random.bernoulli``.
+
+    Args:
+        key: a key of shape ``(..., 2)``.
+        p: a float (in torch's default dtype) or a floating tensor.
+        shape: the sample shape; default ``p.shape``.
+
+    Returns:
+        ``uniform(key, shape, p.dtype) < p``.
+
+    Example:
+        >>> coin = bernoulli(key(0), 0.5, (10,))
+    """
+    key = _check_key("bernoulli", key)
+    if isinstance(p, Tensor):
+        p = p.to(key.device)
+    elif isinstance(p, bool) or not isinstance(p, (int, float)):
+        raise TypeError(f"bernoulli: `p` must be a float or a floating tensor, got {p!r}.")
+    else:
+        p = torch.tensor(float(p), dtype=torch.get_default_dtype(), device=key.device)
+    _check_float("bernoulli", p.dtype, "the dtype of `p`")
+    shape = tuple(p.shape) if shape is None else _check_shape("bernoulli", shape)
+    _check_broadcast("bernoulli", shape, p.shape)
+    return _unit(key, shape, p.dtype) < p
+
+
+def categorical(key: Tensor, logits: Tensor, axis: int = -1, shape: Shape | None = None) -> Tensor:
+    """Sample categories from unnormalized log-probabilities, like ``jax.random.categorical``.
+
+    Args:
+        key: a key of shape ``(..., 2)``.
+        logits: a floating tensor whose ``axis`` indexes the categories.
+        axis: the category axis of ``logits``.
+        shape: the sample shape: (a broadcast of) ``logits.shape`` without ``axis``,
+            after optional extra leading dims that draw more samples.
+
+    Returns:
+        ``argmax(gumbel(...) + logits, axis)`` (int64).
+
+    Example:
+        >>> idx = categorical(key(0), torch.tensor([0.0, 1.0, 2.0]), shape=(8,))
+    """
+    key = _check_key("categorical", key)
+    if not isinstance(logits, Tensor) or logits.ndim == 0:
+        raise TypeError("categorical: `logits` must be a floating tensor with at least one dim.")
+    _check_float("categorical", logits.dtype, "the dtype of `logits`")
+    nd = logits.ndim
+    if not -nd <= axis < nd:
+        raise ValueError(f"categorical: `axis`={axis} is out of range for logits of ndim {nd}.")
+    axis %= nd
+    batch_shape = tuple(logits.shape[:axis] + logits.shape[axis + 1 :])
+    shape = batch_shape if shape is None else _check_shape("categorical", shape)
+    _check_broadcast("categorical", shape, batch_shape)
+    npre = len(shape) - len(batch_shape)
+    rest = list(shape[npre:])
+    rest.insert(axis, logits.shape[axis])
+    g = gumbel(key, (*shape[:npre], *rest), logits.dtype)
+    return torch.argmax(g + logits.to(key.device), dim=axis - nd)
+
+
+def _urem(a: Tensor, s: Tensor, nbits: int) -> Tensor:
+    """Unsigned ``a % s`` with XLA's ``a % 0 == a``, on int64 bit patterns."""
+    if nbits <= 32:  # the values are non-negative int64
+        return torch.where(s == 0, a, a % torch.where(s == 0, 1, s))
+    pos = s > 0
+    s1 = torch.where(pos, s, 1)
+    r1 = (a & _MAX64) % s1
+    t = torch.full_like(s1, _MAX64) % s1 + 1  # 2**63 mod s (or s)
+    t = torch.where(t == s1, 0, t)
+    d = s1 - t
+    r_pos = torch.where(a < 0, torch.where(r1 >= d, r1 - d, r1 + t), r1)
+    r_big = torch.where((a ^ _MIN64) < (s ^ _MIN64), a, a - s)  # s >= 2**63
+    return torch.where(pos, r_pos, torch.where(s == 0, a, r_big))
+
+
+def _int_param(name: str, v: int | Tensor, device) -> Tensor:
+    if isinstance(v, Tensor) and _is_int(v):
+        return v.to(device=device, dtype=torch.int64)
+    if isinstance(v, (Tensor, bool)) or not isinstance(v, int):
+        raise TypeError(f"randint: `{name}` must be an int or an integer tensor, got {v!r}.")
+    if not _MIN64 <= v <= _MAX64:
+        raise ValueError(f"randint: `{name}` must fit in int64, got {v}.")
+    return torch.tensor(v, dtype=torch.int64, device=device)
+
+
+def randint(
+    key: Tensor,
+    shape: Shape,
+    minval: int | Tensor,
+    maxval: int | Tensor,
+    dtype: torch.dtype = torch.int64,
+) -> Tensor:
+    """Sample integers in ``[minval, maxval)``, bit-exact with ``jax.random.randint``.
+
+    jax's algorithm: two draws of random bits combined modulo the span (biased
+    unless the span is a power of 2; 8/16-bit dtypes draw 32 bits). Bounds are
+    clipped to the dtype; ``maxval <= minval`` gives ``minval``.
+
+    Args:
+        key, shape: as for :func:`uniform`.
+        minval, maxval: the bounds, ints or integer tensors broadcasting to ``shape``.
+        dtype: torch.int8, int16, int32, int64 or uint8.
+
+    Returns:
+        A tensor of shape ``(*key.shape[:-1], *shape)``.
+
+    Example:
+        >>> dice = randint(key(0), (10,), 1, 7)
+    """
+    key, shape = _check_key("randint", key), _check_shape("randint", shape)
+    if dtype not in _INTS:
+        raise TypeError(f"randint: `dtype` must be one of {_INTS}, got {dtype}.")
+    lo, hi = _int_param("minval", minval, key.device), _int_param("maxval", maxval, key.device)
+    _check_broadcast("randint", shape, lo.shape, hi.shape)
+    info, nbits = torch.iinfo(dtype), 64 if dtype == torch.int64 else 32
+    if info.bits < 32:  # like jax: astype(int32), then clip (maxval up to max + 1)
+        lo = _to_i32(lo).to(torch.int64).clamp(info.min, info.max)
+        hi = _to_i32(hi).to(torch.int64).clamp(info.min, info.max + 1)
+    mask, oor = -1, torch.zeros_like(hi, dtype=torch.bool)
+    if nbits == 32:  # maxval beyond int32: the span is one larger
+        mask, oor = _M32, hi > _MAX32
+        lo, hi = lo.clamp(_MIN32, _MAX32), hi.clamp(_MIN32, _MAX32)
+    span = torch.where(hi <= lo, 1, (hi - lo) & mask)  # 64-bit: wrapping = uint64 diff
+    span = torch.where(oor & (hi > lo), (span + 1) & mask, span)
+    mult = _urem(torch.full_like(span, 1 << (nbits // 2)), span, nbits)  # 2**nbits % span
+    mult = _urem((mult * mult) & mask, span, nbits)  # int64 products wrap like uint64
+    k = split(key)
+    high, low = (_random_bits(k[..., i, :], nbits, shape) for i in (0, 1))
+    if nbits == 32:
+        high, low = high.to(torch.int64) & _M32, low.to(torch.int64) & _M32
+    off = (_urem(high, span, nbits) * mult + _urem(low, span, nbits)) & mask
+    out = lo + _urem(off, span, nbits)
+    return (_to_i32(out) if nbits == 32 else out).to(dtype)
+
+
+def _shuffle(key: Tensor, x: Tensor, axis: int) -> Tensor:
+    """jax's shuffle by sorting: stable sorts by fresh 32-bit keys, enough rounds for n**3."""
+    rounds = math.ceil(3 * math.log(max(1, x.numel())) / math.log(2**32 - 1))
+    shape, dim = tuple(x.shape), axis - x.ndim
+    x = x.expand(*key.shape[:-1], *shape)
+    if rounds == 0:
+        return x.clone()
+    for _ in range(rounds):
+        k = split(key)
+        key = k[..., 0, :]
+        sort_keys = _random_bits(k[..., 1, :], 32, shape) ^ _MIN32  # uint32 order as int32 order
+        x = torch.take_along_dim(x, torch.sort(sort_keys, dim=dim, stable=True).indices, dim=dim)
+    return x
+
+
+def permutation(
+    key: Tensor, x_or_n: int | Tensor, axis: int = 0, independent: bool = False
+) -> Tensor:
+    """Randomly permute ``arange(n)`` or a tensor along ``axis``, like ``jax.random.permutation``.
+
+    Args:
+        key: a key of shape ``(..., 2)``.
+        x_or_n: an int ``n`` (permute ``arange(n)``, int64) or a tensor with ndim >= 1.
+        axis: the axis to permute.
+        independent: if True, permute each slice along ``axis`` independently.
+
+    Returns:
+        The permuted values, of shape ``(*key.shape[:-1], *x.shape)``.
+
+    Example:
+        >>> sorted(permutation(key(0), 5).tolist())
+        [0, 1, 2, 3, 4]
+    """
+    key = _check_key("permutation", key)
+    if isinstance(x_or_n, Tensor) and x_or_n.ndim > 0:
+        x = x_or_n.to(key.device)
+    elif isinstance(x_or_n, (Tensor, bool)) or not isinstance(x_or_n, int):
+        msg = "a Python int (pass int(x) for a 0-d tensor) or a tensor with ndim >= 1"
+        raise TypeError(f"permutation: `x_or_n` must be {msg}, got {x_or_n!r}.")
+    elif x_or_n < 0:
+        raise ValueError(f"permutation: `x_or_n` must be >= 0, got {x_or_n}.")
+    else:
+        x = torch.arange(x_or_n, device=key.device)
+    if not -x.ndim <= axis < x.ndim:
+        raise ValueError(f"permutation: `axis`={axis} is out of range for ndim {x.ndim}.")
+    axis %= x.ndim
+    if independent or x.ndim == 1:
+        return _shuffle(key, x, axis)
+    perm = _shuffle(key, torch.arange(x.shape[axis], device=key.device), 0)
+    nb = perm.ndim - 1
+    return x.movedim(axis, 0)[perm].movedim(nb, nb + axis)
