@@ -28,11 +28,12 @@ import optree.pytree
 import torch
 import torch.utils._pytree as torch_pytree
 
-from ._td import TensorDict, _new
+from ._td import TensorDict, _is_compiling, _new, _set_spec
 
 __all__ = ["NAMESPACE", "tree"]
 
 NAMESPACE = "functd"
+_Tensor = torch.Tensor
 
 
 class _Spec:
@@ -72,7 +73,10 @@ def _spec(td: TensorDict) -> _Spec:
         order = tuple(data)
         order = None if order == keys else order
         spec = _Spec(keys, ranks, None if any(full) else tuple(td._batch_size), full, order)
-        object.__setattr__(td, "_spec", spec)
+        if _is_compiling():
+            object.__setattr__(td, "_spec", spec)
+        else:
+            _set_spec(td, spec)
     return spec
 
 
@@ -123,7 +127,7 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
         values = [values[j] for j in perm]
     if spec.all_full:  # fast path: the first entry tells the batch size
         v = values[0]
-        if isinstance(v, torch.Tensor):
+        if type(v) is _Tensor or isinstance(v, torch.Tensor):
             shape = v.shape
             return _new(dict(zip(spec.keys, values)), shape[: len(shape) - spec.ranks[0]])
     values = list(values)
@@ -144,18 +148,20 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
 
 # ------------------------------------------------------------------ optree
 def _optree_flatten(td: TensorDict):
-    leaves, spec = _flatten(td)
-    return leaves, spec, spec.keys
+    spec = td._spec or _spec(td)
+    if spec.order is None:
+        return list(td._data.values()), spec, spec.keys
+    return list(map(td._data.__getitem__, spec.keys)), spec, spec.keys
 
 
-def _optree_unflatten(spec: _Spec, children) -> TensorDict:
+def _unflatten_optree(spec: _Spec, children) -> TensorDict:
     return _unflatten(children, spec)
 
 
 optree.register_pytree_node(
     TensorDict,
     _optree_flatten,
-    _optree_unflatten,
+    _unflatten_optree,
     path_entry_type=optree.MappingEntry,
     namespace=NAMESPACE,
 )
