@@ -254,9 +254,12 @@ class TensorDict:
             >>> td2 = td.set(("obs", "vel"), torch.zeros(5, 2))
         """
         if type(key) is str:
-            data = dict(self._data)
-            data[key] = _check_value((key,), value, self._batch_size, None)
-            return _new(data, self._batch_size)
+            bs = self._batch_size
+            if type(value) is not torch.Tensor or value.shape[: len(bs)] != bs:
+                value = _check_value((key,), value, bs, None)  # raises, or builds nested
+            data = self._data.copy()
+            data[key] = value
+            return _new(data, bs)
         return _set_path(self, _check_key(key), value, 0)
 
     def update(self, other: Mapping[str, Any] | TensorDict) -> TensorDict:
