@@ -41,6 +41,9 @@ from ._activation import Tanh as Tanh
 from ._activation import Tanhshrink as Tanhshrink
 from ._attention import MultiheadAttention as MultiheadAttention
 from ._base import Layer as Layer
+from ._batchnorm import BatchNorm1d as BatchNorm1d
+from ._batchnorm import BatchNorm2d as BatchNorm2d
+from ._batchnorm import BatchNorm3d as BatchNorm3d
 from ._base import ParamSpec as ParamSpec
 from ._base import as_key as as_key
 from ._chain import Chain as Chain
@@ -70,6 +73,9 @@ from ._recurrent import RNNCell as RNNCell
 
 #: Every public pure layer class (the conformance registry checks each has a case).
 LAYERS: tuple[type, ...] = (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
     Bilinear,
     CELU,
     Chain,

@@ -24,6 +24,7 @@ from .._td import TensorDict
 from . import _activation as A
 from ._attention import MultiheadAttention
 from ._base import Layer, set_derived
+from ._batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from ._chain import Chain
 from ._conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from ._convert import flat_state
@@ -98,6 +99,9 @@ class FunctionalCall(Layer):
         named = chain(self.module.named_parameters(), self.module.named_buffers())
         return {tuple(name.split(".")): tuple(t.shape) for name, t in named}
 
+    def buffer_paths(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(tuple(name.split(".")) for name, _ in self.module.named_buffers())
+
     def __call__(
         self, params: TensorDict, *inputs: Any, key: Tensor | None = None, **kwargs: Any
     ) -> Any:
@@ -127,8 +131,8 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
 
     Lowered (exact types only; every option that changes the math is kept):
     ``Linear, Bilinear, Identity, Flatten, Conv1d/2d/3d, ConvTranspose1d/2d/3d,
-    Embedding, LayerNorm, GroupNorm, RMSNorm, RNNCell, GRUCell, LSTMCell,
-    MultiheadAttention``, the parameter-free activations, ``PReLU``,
+    Embedding, LayerNorm, GroupNorm, RMSNorm, BatchNorm1d/2d/3d (``training``
+    from the module's mode), RNNCell, GRUCell, LSTMCell, MultiheadAttention``, the parameter-free activations, ``PReLU``,
     ``Dropout`` (``inference = not module.training``) and ``Sequential`` of
     these (a ``Chain``). The layer's parameters are ``state_to_td(module)``.
 
@@ -147,8 +151,8 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
     Example:
         >>> lower(torch.nn.Linear(3, 4))
         Linear(in_features=3, out_features=4, bias=True)
-        >>> lower(torch.nn.BatchNorm1d(3)) is None
-        True
+        >>> lower(torch.nn.BatchNorm1d(3).eval())
+        BatchNorm1d(num_features=3, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True, training=False)
     """
     if isinstance(module, Layer):
         return module
@@ -251,6 +255,15 @@ def _softmax(cls: type) -> Callable[[Any, bool], Layer | None]:
     return rule
 
 
+def _batchnorm(cls: type) -> Callable[[Any, bool], Layer | None]:
+    def rule(m: Any, fallback: bool) -> Layer | None:
+        if m.track_running_stats and (m.running_mean is None or m.running_var is None):
+            return None  # stats deleted after construction: no exact pure counterpart
+        return cls(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats, m.training)
+
+    return rule
+
+
 def _plain(cls: type) -> Callable[[Any, bool], Layer]:
     return lambda m, fallback: cls()
 
@@ -278,6 +291,9 @@ _RULES: dict[type, Callable[[Any, bool], Layer | None]] = {
     nn.GroupNorm: lambda m, f: GroupNorm(
         m.num_groups, m.num_channels, m.eps, m.affine, m.bias is not None or not m.affine
     ),
+    nn.BatchNorm1d: _batchnorm(BatchNorm1d),
+    nn.BatchNorm2d: _batchnorm(BatchNorm2d),
+    nn.BatchNorm3d: _batchnorm(BatchNorm3d),
     nn.RMSNorm: lambda m, f: RMSNorm(m.normalized_shape, m.eps, m.elementwise_affine),
     nn.RNNCell: lambda m, f: RNNCell(m.input_size, m.hidden_size, m.bias, m.nonlinearity),
     nn.GRUCell: lambda m, f: GRUCell(m.input_size, m.hidden_size, m.bias),
