@@ -46,12 +46,12 @@ def test_lower_returns_none_when_not_exact():
         hooked,
         patched,
         extra,
-        nn.BatchNorm1d(3),
+        nn.Softmin(-1),
         nn.Embedding(5, 2, max_norm=1.0),
         nn.Embedding(5, 2, sparse=True),
         nn.Softmax(),
         nn.MultiheadAttention(8, 2, dropout=0.1),
-        nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)),
+        nn.Sequential(nn.Linear(3, 3), nn.Softmin(-1)),
         nn.Sequential(shared, nn.ReLU(), shared),
         _Affine(),
     ]
@@ -65,7 +65,7 @@ def test_lower_returns_none_when_not_exact():
 
 
 def test_lower_sequential_with_fallback_children():
-    seq = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU()).eval()
+    seq = nn.Sequential(nn.Linear(3, 4), nn.Softmin(-1), nn.ReLU()).eval()
     chain = fnn.lower(seq, fallback=True)
     assert isinstance(chain, fnn.Chain) and isinstance(chain.layers[1], fnn.FunctionalCall)
     assert chain.layers[0] == fnn.Linear(3, 4)
