@@ -127,6 +127,7 @@ def stack_shapes(i: int, key, shape0, shape_i, where: str) -> str:
         f"but {list(shape_i)} in TensorDict {i}. All entries must match."
     )
 
+
 STATE_DROPPED = (
     "{label}: {what} is in training mode and returns new running statistics (BatchNorm), "
     "which a plain call would drop. Call `out, new_state = m.apply_with_state(params, td)` "

@@ -345,8 +345,9 @@ def _write_outputs(self: Module, data: dict, bs: torch.Size, out: Any) -> None:
 _NOPE = object()
 _Tensor = torch.Tensor
 #: Slot of the working dict where a stateful module leaves its new state: present
-#: (holding COLLECT) only under ``apply_with_state``; never a key of a TensorDict.
-STATE = object()
+#: (holding COLLECT) only under ``apply_with_state``. An int: no TensorDict key (always
+#: a str) can equal it, and torch.compile traces int dict keys.
+STATE = -1
 COLLECT = object()
 
 

@@ -41,11 +41,11 @@ from ._activation import Tanh as Tanh
 from ._activation import Tanhshrink as Tanhshrink
 from ._attention import MultiheadAttention as MultiheadAttention
 from ._base import Layer as Layer
+from ._base import ParamSpec as ParamSpec
+from ._base import as_key as as_key
 from ._batchnorm import BatchNorm1d as BatchNorm1d
 from ._batchnorm import BatchNorm2d as BatchNorm2d
 from ._batchnorm import BatchNorm3d as BatchNorm3d
-from ._base import ParamSpec as ParamSpec
-from ._base import as_key as as_key
 from ._chain import Chain as Chain
 from ._conv import Conv1d as Conv1d
 from ._conv import Conv2d as Conv2d

@@ -209,7 +209,9 @@ def _set_mode(obj: Any, training: bool) -> Any:
         same = all(a is b for a, b in zip(layers, obj.layers))
         return obj if same else dataclasses.replace(obj, layers=layers)
     if isinstance(obj, Dropout):
-        return obj if obj.inference != training else dataclasses.replace(obj, inference=not training)
+        return (
+            obj if obj.inference != training else dataclasses.replace(obj, inference=not training)
+        )
     if isinstance(obj, FunctionalCall):
         if all(m.training == training for m in obj.module.modules()):
             return obj
@@ -246,4 +248,6 @@ def _prune(td: TensorDict, bs: torch.Size) -> TensorDict:
 def _check_tds(name: str, a: Any, b: Any) -> None:
     for arg, v in (("first", a), ("second", b)):
         if not isinstance(v, TensorDict):
-            raise TypeError(f"{name}: the {arg} argument must be a TensorDict, got {type(v).__name__}.")
+            raise TypeError(
+                f"{name}: the {arg} argument must be a TensorDict, got {type(v).__name__}."
+            )
