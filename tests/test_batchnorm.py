@@ -347,3 +347,47 @@ def test_bad_inputs_have_clear_errors():
     with pytest.raises(TypeError, match=r"eval_mode\(module\): expected an fd\.Module"):
         fnn.eval_mode(nn.BatchNorm1d(3))
     assert_close(params, bn.init(0))  # nothing changed by the failed calls
+
+
+class _ConvBN(nn.Module):
+    """A custom module holding a BatchNorm: functd runs it through FunctionalCall."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.bn = nn.BatchNorm2d(3, momentum=0.3)
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x)))
+
+
+def test_functional_call_of_a_custom_module_returns_its_new_statistics():
+    torch.manual_seed(0)
+    net = _ConvBN().to(D)
+    m = fd.Module(copy.deepcopy(net), ["x"], ["y"])
+    assert isinstance(m.fn, fnn.FunctionalCall) and m.stateful
+    params = fd.from_module(m).clone()
+    trainable, state = fnn.split_state(m, params)
+    assert state.keys(True, True) == (
+        ("bn", "running_mean"),
+        ("bn", "running_var"),
+        ("bn", "num_batches_tracked"),
+    )
+    with pytest.raises(RuntimeError, match="apply_with_state"):
+        m(params, x=_input("2d", 0))
+    opt = torch.optim.SGD(net.parameters(), lr=LR)
+    for step in range(3):
+        x = _input("2d", step)
+        trainable, state, out = _sgd_step(m, trainable, state, fd.TensorDict({"x": x}, []))
+        opt.zero_grad()
+        y = net(x)
+        (y**2).mean().backward()
+        opt.step()
+        torch.testing.assert_close(out["y"], y.detach(), rtol=1e-10, atol=1e-12)
+    assert_close(fnn.merge_state(trainable, state), fd.from_module(net), rtol=1e-10, atol=1e-12)
+    ev = fnn.eval_mode(m)
+    assert not ev.stateful and m.stateful
+    x = _input("2d", 9)
+    torch.testing.assert_close(
+        ev(fnn.merge_state(trainable, state), x=x), net.eval()(x), rtol=1e-10, atol=1e-12
+    )

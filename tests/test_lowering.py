@@ -100,10 +100,16 @@ def test_functional_call_never_mutates_the_module():
     assert bn.weight.device.type == "cpu"
     params = fnn.state_to_td(bn)
     x = torch.randn(8, 3) * 5 + 2
-    out = fc(params, x)
+    out, new_state = fc(params, x)  # training mode: the new statistics are returned
     torch.testing.assert_close(
         out, nn.functional.batch_norm(x, None, None, bn.weight, bn.bias, True)
     )
+    expected = {k: v.clone() for k, v in before.items()}
+    nn.functional.batch_norm(
+        x, expected["running_mean"], expected["running_var"], None, None, True, 0.1
+    )
+    torch.testing.assert_close(new_state["running_mean"], expected["running_mean"])
+    torch.testing.assert_close(new_state["running_var"], expected["running_var"])
     for k, v in bn.state_dict().items():
         assert torch.equal(v, before[k]), k
     for k, v in flat_state(params).items():

@@ -52,10 +52,12 @@ class FunctionalCall(Layer):
     tensors; made without copying the weights), so the user's module is
     never used nor mutated. The call runs the copy's ``forward`` with
     ``params`` (dotted ``state_dict`` names, strict) and the inputs. Buffers
-    are cloned first, so a forward that writes into them (BatchNorm in
-    training mode) writes into a temporary: the caller's TensorDict (and the
-    module it came from) are unchanged, and the new statistics are dropped.
-    The same holds for the weight of an ``Embedding(max_norm=...)``.
+    are cloned first, so a forward that writes into them writes into a
+    temporary: the caller's TensorDict (and the module it came from) are
+    unchanged. When the module holds a BatchNorm in training mode
+    (``stateful``), the call returns ``(out, new_state)``: those clones, the
+    new running statistics (see ``functd.nn.update_state``). The weight of an
+    ``Embedding(max_norm=...)`` is renormalised in a temporary too.
 
     Compares and hashes by identity. The module's mode (``training``) is the
     one it had when wrapped. Random modules inside (dropout in training mode)
@@ -68,7 +70,7 @@ class FunctionalCall(Layer):
         NotImplementedError: from ``init``; see ``functd.nn.state_to_td``.
 
     Example:
-        >>> bn = torch.nn.BatchNorm1d(3)
+        >>> bn = torch.nn.BatchNorm1d(3).eval()
         >>> layer, params = FunctionalCall(bn), state_to_td(bn)
         >>> layer(params, torch.randn(4, 3)).shape
         torch.Size([4, 3])
@@ -87,7 +89,21 @@ class FunctionalCall(Layer):
         for prefix, sub in meta.named_modules():
             if getattr(sub, "max_norm", None) is not None:  # F.embedding renorms in place
                 clone.update(f"{prefix}.{n}" if prefix else n for n, _ in sub.named_parameters())
-        set_derived(self, _clone=frozenset(clone))
+        stats = tuple(
+            f"{prefix}.{n}" if prefix else n
+            for prefix, sub in meta.named_modules()
+            if isinstance(sub, nn.modules.batchnorm._BatchNorm)
+            and sub.training
+            and sub.track_running_stats
+            for n, _ in sub.named_buffers(recurse=False)
+        )
+        set_derived(self, _clone=frozenset(clone), _stats=stats)
+
+    @property
+    def stateful(self) -> bool:  # type: ignore[override]
+        """True when the module holds a BatchNorm in training mode: a call then
+        returns ``(out, new_state)`` with its new running statistics."""
+        return bool(self._stats)
 
     def _specs(self) -> dict[str, Any]:
         raise NotImplementedError(NO_INIT.format(name=type(self.module).__name__))
@@ -108,7 +124,17 @@ class FunctionalCall(Layer):
         flat = flat_state(params)
         for name in self._clone.intersection(flat):
             flat[name] = flat[name].clone()
-        return torch.func.functional_call(self.module, flat, inputs, kwargs or None, strict=True)
+        out = torch.func.functional_call(self.module, flat, inputs, kwargs or None, strict=True)
+        if not self._stats:
+            return out
+        state: dict[str, Any] = {}  # the clones the forward wrote into: the new statistics
+        for name in self._stats:
+            *parents, leaf = name.split(".")
+            node = state
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = flat[name]
+        return out, TensorDict(state, [])
 
     def __repr__(self) -> str:
         return f"FunctionalCall({type(self.module).__name__} at {id(self):#x})"

@@ -18,6 +18,7 @@ See ``notes/stateful.md`` for why it looks like this.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Any
 
@@ -215,9 +216,7 @@ def _set_mode(obj: Any, training: bool) -> Any:
     if isinstance(obj, FunctionalCall):
         if all(m.training == training for m in obj.module.modules()):
             return obj
-        new = FunctionalCall(obj.module)
-        new.module.train(training)  # its own private meta copy
-        return new
+        return FunctionalCall(copy.deepcopy(obj.module).train(training))  # a meta copy
     if isinstance(obj, Layer):
         fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else ()
         if "training" in fields and obj.training != training:
