@@ -102,8 +102,13 @@ class _BatchNorm(Layer):
         if not self.training:
             return F.batch_norm(x, rm, rv, w, b, False, 0.0, self.eps)
         y = F.batch_norm(x, None, None, w, b, True, 0.0, self.eps)
+        # two passes, as torch's CPU kernel (and ~3x faster than var_mean over dim 0)
+        xd = x.detach()
         dims = [0, *range(2, x.dim())]
-        var, mean = torch.var_mean(x.detach(), dims, correction=1)
+        mean = xd.mean(dims, keepdim=True)
+        dev = xd - mean
+        var = (dev * dev).sum(dims) / (xd.numel() // self.num_features - 1)
+        mean = mean.reshape(self.num_features)
         count = d["num_batches_tracked"] + 1
         if self.momentum is None:
             f = 1.0 / count.to(rm.dtype)
