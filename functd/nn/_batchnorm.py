@@ -110,14 +110,10 @@ class _BatchNorm(Layer):
         var = (dev * dev).sum(dims) / (xd.numel() // self.num_features - 1)
         mean = mean.reshape(self.num_features)
         count = d["num_batches_tracked"] + 1
-        if self.momentum is None:
-            f = 1.0 / count.to(rm.dtype)
-            new_rm = f * mean.to(rm.dtype) + (1.0 - f) * rm
-            new_rv = f * var.to(rv.dtype) + (1.0 - f) * rv
-        else:
-            m = self.momentum
-            new_rm = m * mean.to(rm.dtype) + (1.0 - m) * rm
-            new_rv = m * var.to(rv.dtype) + (1.0 - m) * rv
+        # torch: new = (1 - m) * old + m * batch; lerp computes it in one op
+        m = self.momentum if self.momentum is not None else 1.0 / count.to(rm.dtype)
+        new_rm = torch.lerp(rm, mean.to(rm.dtype), m)
+        new_rv = torch.lerp(rv, var.to(rv.dtype), m)
         state = {"running_mean": new_rm, "running_var": new_rv, "num_batches_tracked": count}
         return y, _new(state, torch.Size([]))
 
