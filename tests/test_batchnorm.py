@@ -391,3 +391,15 @@ def test_functional_call_of_a_custom_module_returns_its_new_statistics():
     torch.testing.assert_close(
         ev(fnn.merge_state(trainable, state), x=x), net.eval()(x), rtol=1e-10, atol=1e-12
     )
+
+
+def test_instance_norm_with_running_stats_through_functional_call():
+    norm = nn.InstanceNorm1d(3, track_running_stats=True, affine=True).to(D)
+    m = fd.Module(copy.deepcopy(norm), ["x"], ["y"])
+    assert isinstance(m.fn, fnn.FunctionalCall) and m.stateful
+    params = fd.from_module(m).clone()
+    x = torch.randn(4, 3, 6, dtype=D)
+    out, new_state = m.apply_with_state(params, fd.TensorDict({"x": x}, [4]))
+    torch.testing.assert_close(out["y"], norm(x))
+    assert_close(fnn.update_state(params, new_state), fd.from_module(norm))
+    assert not fnn.eval_mode(m).stateful

@@ -92,7 +92,7 @@ class FunctionalCall(Layer):
         stats = tuple(
             f"{prefix}.{n}" if prefix else n
             for prefix, sub in meta.named_modules()
-            if isinstance(sub, nn.modules.batchnorm._BatchNorm)
+            if isinstance(sub, nn.modules.batchnorm._NormBase)
             and sub.training
             and sub.track_running_stats
             for n, _ in sub.named_buffers(recurse=False)
