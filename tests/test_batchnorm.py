@@ -403,3 +403,32 @@ def test_instance_norm_with_running_stats_through_functional_call():
     torch.testing.assert_close(out["y"], norm(x))
     assert_close(fnn.update_state(params, new_state), fd.from_module(norm))
     assert not fnn.eval_mode(m).stateful
+
+
+def test_nested_selected_sequential_nests_its_state_like_its_params():
+    inner = fd.Sequential(
+        fd.Module(fnn.Linear(3, 4), ["x"], ["h"]),
+        fd.Module(fnn.BatchNorm1d(4), ["h"], ["z"]),
+        selected_out_keys=["z"],
+    )
+    model = fd.Sequential(
+        fd.Module(torch.tanh, ["x"], ["x"]), inner, fd.Module(fnn.BatchNorm1d(4), ["z"], ["y"])
+    )
+    assert model.stateful and inner.stateful
+    params = model.init(0)
+    assert fnn.buffer_paths(model) == (
+        ("1", "1", "running_mean"),
+        ("1", "1", "running_var"),
+        ("1", "1", "num_batches_tracked"),
+        ("2", "running_mean"),
+        ("2", "running_var"),
+        ("2", "num_batches_tracked"),
+    )
+    td = fd.TensorDict({"x": torch.randn(6, 3)}, [6])
+    out, new_state = model.apply_with_state(params, td)
+    assert set(out.keys()) == {"x", "z", "y"}
+    _, s_inner = inner.apply_with_state(params["1"], td.set("x", torch.tanh(td["x"])))
+    assert_close(new_state["1"], s_inner)
+    y, s_bn = fnn.BatchNorm1d(4)(params["2"], out["z"])
+    assert_close(new_state["2"], s_bn)
+    torch.testing.assert_close(out["y"], y)
