@@ -117,7 +117,7 @@ class Sequential:
             "_plain",
             tuple((n if m.has_params else None, m._run) for n, m in zip(names, flat)),
         )
-        set_(self, "_stateful", any(m.stateful for m in flat))
+        set_(self, "_stateful", any(getattr(m, "stateful", False) for m in flat))
         set_(self, "_run", self._stateful_step if self._stateful else self._step)
 
     # ---------------------------------------------------------------- value
@@ -254,7 +254,7 @@ class Sequential:
                 k = fold_in(key, idx)
             else:
                 k = key
-            if m.stateful:
+            if getattr(m, "stateful", False):
                 if not collect:
                     what = f"module {name} ({m._label()})"
                     raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what=what))
