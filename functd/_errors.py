@@ -126,3 +126,11 @@ def stack_shapes(i: int, key, shape0, shape_i, where: str) -> str:
         f"{where}: entry {fmt_key(key)} has feature shape {list(shape0)} in TensorDict 0 "
         f"but {list(shape_i)} in TensorDict {i}. All entries must match."
     )
+
+
+STATE_DROPPED = (
+    "{label}: {what} is in training mode and returns new running statistics (BatchNorm), "
+    "which a plain call would drop. Call `out, new_state = m.apply_with_state(params, td)` "
+    "then `params = fd.nn.update_state(params, new_state)`; or switch the model to eval "
+    "mode with `m = fd.nn.eval_mode(m)`."
+)

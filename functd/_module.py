@@ -128,6 +128,7 @@ class Module:
         "_random",
         "_run",
         "_source",
+        "_stateful",
         "in_keys",
         "out_keys",
     )
@@ -170,6 +171,7 @@ class Module:
         set_(self, "_kwargs", kwargs)
         set_(self, "_has_params", layer and fn.has_params)
         set_(self, "_random", layer and fn.random)
+        set_(self, "_stateful", layer and fn.stateful)
         # how _step calls fn: 0 layer with params, 1 layer without, 2 callable, 3 keywords
         set_(self, "_kind", (0 if fn.has_params else 1) if layer else (3 if kwargs else 2))
         set_(self, "_plain", fn)
@@ -194,6 +196,12 @@ class Module:
     def random(self) -> bool:
         """True when a call needs a PRNG ``key``."""
         return self._random
+
+    @property
+    def stateful(self) -> bool:
+        """True when a call computes new running statistics (BatchNorm in training
+        mode): call it with ``apply_with_state``; a plain call raises."""
+        return self._stateful
 
     def _identity(self) -> tuple:
         return (self._fn, self.in_keys, self.out_keys, self._kwargs)
@@ -262,8 +270,29 @@ class Module:
         self._run(params, data, td._batch_size, key)
         return _new(data, td._batch_size)
 
+    def apply_with_state(
+        self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
+    ) -> tuple[TensorDict, TensorDict]:
+        """``m(params, td)`` that also returns the new running statistics.
+
+        Returns:
+            ``(out, new_state)``: ``new_state`` holds the new statistics of the
+            stateful layers (BatchNorm in training mode), laid out like their
+            entries in ``params`` (empty when there are none). Apply them with
+            ``fd.nn.update_state(params, new_state)``. Nothing is written.
+
+        Example:
+            >>> bn = fd.Module(nn.BatchNorm1d(3), in_keys=["x"], out_keys=["y"])
+            >>> params = fd.from_module(bn)
+            >>> out, new_state = bn.apply_with_state(params, td)
+            >>> params = fd.nn.update_state(params, new_state)
+        """
+        return apply_with_state(self, params, td, key)
+
     def _step(self, params: TensorDict | None, data: dict, bs: torch.Size, key: Any) -> None:
         """Read from the working dict ``data``, compute, write into it (internal)."""
+        if self._stateful and data.get(STATE, _NOPE) is not COLLECT:
+            raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what="it"))
         args = []
         for k in self.in_keys:
             v = data.get(k, _NOPE) if type(k) is str else _get_path(data, k)
@@ -284,6 +313,8 @@ class Module:
             out = fn(p, *args, key=key) if self._random else fn(p, *args)
         else:
             out = fn(**dict(zip(self._kwargs, args)))
+        if self._stateful:
+            out, data[STATE] = out
         _write_outputs(self, data, bs, out)
 
 
@@ -313,12 +344,32 @@ def _write_outputs(self: Module, data: dict, bs: torch.Size, out: Any) -> None:
 
 _NOPE = object()
 _Tensor = torch.Tensor
+#: Slot of the working dict where a stateful module leaves its new state: present
+#: (holding COLLECT) only under ``apply_with_state``. An int: no TensorDict key (always
+#: a str) can equal it, and torch.compile traces int dict keys.
+STATE = -1
+COLLECT = object()
+
+
+def apply_with_state(m: Any, params: Any, td: Any, key: Any) -> tuple[TensorDict, TensorDict]:
+    """``m(params, td)`` returning ``(out, new_state)``; see ``Module.apply_with_state``."""
+    if not isinstance(td, TensorDict):
+        _bad_td(m, params, td)
+    data = dict(td._data)
+    data[STATE] = COLLECT
+    m._run(params, data, td._batch_size, key)
+    state = data.pop(STATE)
+    if state is COLLECT:
+        state = _new({}, torch.Size([]))
+    return _new(data, td._batch_size), state
 
 
 def _make_run(m: Module):
     """The function a call runs: ``m._step``, or a specialised copy of it for the
     common case of one str in_key and one str out_key (the hot path of a chain)."""
     ins, outs, fn, kind, rnd = m.in_keys, m.out_keys, m._fn, m._kind, m._random
+    if m._stateful:
+        return m._step
     if kind == 2:
         fn = m._plain
     if not (all(type(k) is str for k in ins) and len(outs) == 1 and type(outs[0]) is str):
@@ -424,6 +475,8 @@ def _missing_input(m: Module, key: Key, data: dict):
 def _TensorDictKeys(data: dict) -> list:
     out = []
     for k, v in data.items():
+        if type(k) is not str:
+            continue  # the STATE slot
         if type(v) is TensorDict:
             out.extend((k, *(sk if isinstance(sk, tuple) else (sk,))) for sk in v.keys(True, True))
         else:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import _errors as E
-from ._module import Module, _bad_td, _keyword_call, as_keys
+from ._module import COLLECT, STATE, Module, _bad_td, _keyword_call, apply_with_state, as_keys
 from ._td import Key, TensorDict, _new
 
 __all__ = ["Sequential"]
@@ -62,6 +62,7 @@ class Sequential:
         "_plain",
         "_random",
         "_run",
+        "_stateful",
         "_steps",
         "in_keys",
         "modules",
@@ -116,7 +117,8 @@ class Sequential:
             "_plain",
             tuple((n if m.has_params else None, m._run) for n, m in zip(names, flat)),
         )
-        set_(self, "_run", self._step)
+        set_(self, "_stateful", any(getattr(m, "stateful", False) for m in flat))
+        set_(self, "_run", self._stateful_step if self._stateful else self._step)
 
     # ---------------------------------------------------------------- value
     @property
@@ -127,6 +129,12 @@ class Sequential:
     def random(self) -> bool:
         """True when a call needs a PRNG ``key`` (some module is random)."""
         return self._random
+
+    @property
+    def stateful(self) -> bool:
+        """True when some module computes new running statistics (BatchNorm in
+        training mode): call with ``apply_with_state``; a plain call raises."""
+        return self._stateful
 
     def _identity(self) -> tuple:
         return (self.modules, self.names, self.selected_out_keys)
@@ -211,6 +219,53 @@ class Sequential:
         data = dict(td._data)
         self._run(params, data, td._batch_size, key)
         return _new(data, td._batch_size)
+
+    def apply_with_state(
+        self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
+    ) -> tuple[TensorDict, TensorDict]:
+        """``seq(params, td)`` that also returns the new running statistics.
+
+        Returns:
+            ``(out, new_state)``: the new statistics of the stateful modules
+            nested by position like ``params`` (``new_state["1", "running_mean"]``);
+            empty when there are none. Apply with ``fd.nn.update_state``.
+
+        Example:
+            >>> out, new_state = seq.apply_with_state(params, td)
+            >>> params = fd.nn.update_state(params, new_state)
+        """
+        return apply_with_state(self, params, td, key)
+
+    def _stateful_step(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
+        """``_step`` that collects the children's new state under their names."""
+        collect = data.pop(STATE, None) is COLLECT
+        pdata = params._data if type(params) is TensorDict else None
+        states = {}
+        for name, m, has_p, rnd, idx, run in self._steps:
+            if has_p:
+                p = pdata.get(name) if pdata is not None else None
+                if p is None:
+                    self._bad_params(params, name, m)
+            else:
+                p = None
+            if rnd and key is not None:
+                from .random import fold_in
+
+                k = fold_in(key, idx)
+            else:
+                k = key
+            if getattr(m, "stateful", False):
+                if not collect:
+                    what = f"module {name} ({m._label()})"
+                    raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what=what))
+                data[STATE] = COLLECT
+                run(p, data, bs, k)
+                states[name] = data.pop(STATE)
+            else:
+                run(p, data, bs, k)
+        self._drop_unselected(data)
+        if collect:
+            data[STATE] = _new(states, torch.Size([]))
 
     def _label(self) -> str:
         return f"Sequential({len(self.modules)} modules -> {E.fmt_keys(self.out_keys)})"

@@ -67,6 +67,18 @@ def _x():
     return fd.TensorDict({"x": torch.randn(B, 3)}, [B])
 
 
+def _x33():
+    return fd.TensorDict({"x": torch.randn(B, 3, 3)}, [B])
+
+
+def _bn_block():
+    return fd.Sequential(
+        fd.Module(nn.Linear(3, 3), ["x"], ["h"]),
+        fd.Module(nn.BatchNorm1d(3, momentum=None), ["h"], ["h"]),
+        fd.Module(torch.tanh, ["h"], ["y"]),
+    )
+
+
 def _tutorial_block():
     return fd.Sequential(
         fd.Module(nn.Linear(3, 8), ["x"], ["linear0"]),
@@ -88,6 +100,12 @@ ENTRIES.update(
         "Sequential(selected)": Entry(
             fd.Sequential, lambda: _tutorial_block().select_out_keys("y"), _x
         ),
+        # stateful (BatchNorm in training mode): the laws call apply_with_state; x is
+        # (B, 3, 3) so that each sample is itself a valid (N=3, C=3) batch
+        "Module(BatchNorm1d training)": Entry(
+            fd.Module, lambda: fd.Module(nn.BatchNorm1d(3), ["x"], ["y"]), _x33
+        ),
+        "Sequential(Linear, BatchNorm1d training)": Entry(fd.Sequential, _bn_block, _x33),
     }
 )
 

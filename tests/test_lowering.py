@@ -46,12 +46,12 @@ def test_lower_returns_none_when_not_exact():
         hooked,
         patched,
         extra,
-        nn.BatchNorm1d(3),
+        nn.Softmin(-1),
         nn.Embedding(5, 2, max_norm=1.0),
         nn.Embedding(5, 2, sparse=True),
         nn.Softmax(),
         nn.MultiheadAttention(8, 2, dropout=0.1),
-        nn.Sequential(nn.Linear(3, 3), nn.BatchNorm1d(3)),
+        nn.Sequential(nn.Linear(3, 3), nn.Softmin(-1)),
         nn.Sequential(shared, nn.ReLU(), shared),
         _Affine(),
     ]
@@ -65,7 +65,7 @@ def test_lower_returns_none_when_not_exact():
 
 
 def test_lower_sequential_with_fallback_children():
-    seq = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.ReLU()).eval()
+    seq = nn.Sequential(nn.Linear(3, 4), nn.Softmin(-1), nn.ReLU()).eval()
     chain = fnn.lower(seq, fallback=True)
     assert isinstance(chain, fnn.Chain) and isinstance(chain.layers[1], fnn.FunctionalCall)
     assert chain.layers[0] == fnn.Linear(3, 4)
@@ -100,10 +100,16 @@ def test_functional_call_never_mutates_the_module():
     assert bn.weight.device.type == "cpu"
     params = fnn.state_to_td(bn)
     x = torch.randn(8, 3) * 5 + 2
-    out = fc(params, x)
+    out, new_state = fc(params, x)  # training mode: the new statistics are returned
     torch.testing.assert_close(
         out, nn.functional.batch_norm(x, None, None, bn.weight, bn.bias, True)
     )
+    expected = {k: v.clone() for k, v in before.items()}
+    nn.functional.batch_norm(
+        x, expected["running_mean"], expected["running_var"], None, None, True, 0.1
+    )
+    torch.testing.assert_close(new_state["running_mean"], expected["running_mean"])
+    torch.testing.assert_close(new_state["running_var"], expected["running_var"])
     for k, v in bn.state_dict().items():
         assert torch.equal(v, before[k]), k
     for k, v in flat_state(params).items():

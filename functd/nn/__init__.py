@@ -43,6 +43,9 @@ from ._attention import MultiheadAttention as MultiheadAttention
 from ._base import Layer as Layer
 from ._base import ParamSpec as ParamSpec
 from ._base import as_key as as_key
+from ._batchnorm import BatchNorm1d as BatchNorm1d
+from ._batchnorm import BatchNorm2d as BatchNorm2d
+from ._batchnorm import BatchNorm3d as BatchNorm3d
 from ._chain import Chain as Chain
 from ._conv import Conv1d as Conv1d
 from ._conv import Conv2d as Conv2d
@@ -67,9 +70,18 @@ from ._norm import RMSNorm as RMSNorm
 from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
 from ._recurrent import RNNCell as RNNCell
+from ._state import buffer_paths as buffer_paths
+from ._state import eval_mode as eval_mode
+from ._state import merge_state as merge_state
+from ._state import split_state as split_state
+from ._state import train_mode as train_mode
+from ._state import update_state as update_state
 
 #: Every public pure layer class (the conformance registry checks each has a case).
 LAYERS: tuple[type, ...] = (
+    BatchNorm1d,
+    BatchNorm2d,
+    BatchNorm3d,
     Bilinear,
     CELU,
     Chain,

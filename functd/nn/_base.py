@@ -191,6 +191,17 @@ class Layer:
         """Whether the layer has any parameter (``init`` returns a non-empty TensorDict)."""
         return bool(self.param_shapes())
 
+    @property
+    def stateful(self) -> bool:
+        """True when a call returns ``(out, new_state)``: new running statistics
+        (``BatchNorm*`` in training mode) for ``functd.nn.update_state``."""
+        return False
+
+    def buffer_paths(self) -> tuple[tuple[str, ...], ...]:
+        """Paths of the entries of params that are buffers (running statistics), not
+        trainable parameters; ``functd.nn.split_state`` separates them."""
+        return ()
+
     def __call__(self, params: TensorDict, *inputs: Any, key: Tensor | None = None) -> Any:
         raise NotImplementedError(f"{type(self).__name__} does not define __call__")
 

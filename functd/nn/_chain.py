@@ -5,10 +5,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from torch import Tensor
+from torch import Size, Tensor
 
 from .. import random as fr
-from .._td import TensorDict
+from .._td import TensorDict, _new
 from ._base import EMPTY, Layer, as_key, set_derived
 
 __all__ = ["Chain"]
@@ -22,7 +22,9 @@ class Chain(Layer):
     (as ``nn.Sequential``, which passes one value along). Parameters nest by
     position (``params["0", "weight"]``), so a Chain mirrors an
     ``nn.Sequential``'s ``state_dict()``; a layer without parameters
-    contributes no key. When some layers are random, the call's ``key`` is
+    contributes no key. With a stateful layer (``BatchNorm*`` in training
+    mode) a call returns ``(y, new_state)``, the new statistics nested by
+    position like the params. When some layers are random, the call's ``key`` is
     split among them in order.
 
     Args:
@@ -65,12 +67,31 @@ class Chain(Layer):
         for name, layer in zip(names, layers):
             plan.append((name if layer.has_params else None, layer, r if layer.random else None))
             r += layer.random
-        set_derived(self, _plan=tuple(plan), _names=names, _n_random=n_random)
+        set_derived(
+            self,
+            _plan=tuple(plan),
+            _names=names,
+            _n_random=n_random,
+            _stateful=any(layer.stateful for layer in layers),
+        )
 
     @property
     def random(self) -> bool:  # type: ignore[override]
         """True when some layer needs a PRNG key."""
         return self._n_random > 0
+
+    @property
+    def stateful(self) -> bool:  # type: ignore[override]
+        """True when some layer returns new running statistics (a call then
+        returns ``(y, new_state)``, the state nested by layer name)."""
+        return self._stateful
+
+    def buffer_paths(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(
+            (name, *path)
+            for name, layer in zip(self._names, self.layers)
+            for path in layer.buffer_paths()
+        )
 
     def _specs(self) -> dict[str, Any]:
         out = {}
@@ -94,6 +115,7 @@ class Chain(Layer):
             keys = fr.split(as_key(key), self._n_random)
         first = True
         x: Any = None
+        states: dict[str, TensorDict] = {}
         for name, layer, r in self._plan:
             p = d[name] if name is not None else EMPTY
             k = keys[r] if r is not None and keys is not None else None
@@ -102,7 +124,10 @@ class Chain(Layer):
                 first = False
             else:
                 x = layer(p, x, key=k)
-        return inputs[0] if first else x
+            if self._stateful and layer.stateful:
+                x, states[name] = x
+        x = inputs[0] if first else x
+        return (x, _new(states, Size([]))) if self._stateful else x
 
     def __len__(self) -> int:
         return len(self.layers)

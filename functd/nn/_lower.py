@@ -24,6 +24,7 @@ from .._td import TensorDict
 from . import _activation as A
 from ._attention import MultiheadAttention
 from ._base import Layer, set_derived
+from ._batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from ._chain import Chain
 from ._conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from ._convert import flat_state
@@ -51,10 +52,12 @@ class FunctionalCall(Layer):
     tensors; made without copying the weights), so the user's module is
     never used nor mutated. The call runs the copy's ``forward`` with
     ``params`` (dotted ``state_dict`` names, strict) and the inputs. Buffers
-    are cloned first, so a forward that writes into them (BatchNorm in
-    training mode) writes into a temporary: the caller's TensorDict (and the
-    module it came from) are unchanged, and the new statistics are dropped.
-    The same holds for the weight of an ``Embedding(max_norm=...)``.
+    are cloned first, so a forward that writes into them writes into a
+    temporary: the caller's TensorDict (and the module it came from) are
+    unchanged. When the module holds a BatchNorm in training mode
+    (``stateful``), the call returns ``(out, new_state)``: those clones, the
+    new running statistics (see ``functd.nn.update_state``). The weight of an
+    ``Embedding(max_norm=...)`` is renormalised in a temporary too.
 
     Compares and hashes by identity. The module's mode (``training``) is the
     one it had when wrapped. Random modules inside (dropout in training mode)
@@ -67,7 +70,7 @@ class FunctionalCall(Layer):
         NotImplementedError: from ``init``; see ``functd.nn.state_to_td``.
 
     Example:
-        >>> bn = torch.nn.BatchNorm1d(3)
+        >>> bn = torch.nn.BatchNorm1d(3).eval()
         >>> layer, params = FunctionalCall(bn), state_to_td(bn)
         >>> layer(params, torch.randn(4, 3)).shape
         torch.Size([4, 3])
@@ -86,7 +89,21 @@ class FunctionalCall(Layer):
         for prefix, sub in meta.named_modules():
             if getattr(sub, "max_norm", None) is not None:  # F.embedding renorms in place
                 clone.update(f"{prefix}.{n}" if prefix else n for n, _ in sub.named_parameters())
-        set_derived(self, _clone=frozenset(clone))
+        stats = tuple(
+            f"{prefix}.{n}" if prefix else n
+            for prefix, sub in meta.named_modules()
+            if isinstance(sub, nn.modules.batchnorm._NormBase)
+            and sub.training
+            and sub.track_running_stats
+            for n, _ in sub.named_buffers(recurse=False)
+        )
+        set_derived(self, _clone=frozenset(clone), _stats=stats)
+
+    @property
+    def stateful(self) -> bool:  # type: ignore[override]
+        """True when the module holds a BatchNorm in training mode: a call then
+        returns ``(out, new_state)`` with its new running statistics."""
+        return bool(self._stats)
 
     def _specs(self) -> dict[str, Any]:
         raise NotImplementedError(NO_INIT.format(name=type(self.module).__name__))
@@ -98,13 +115,26 @@ class FunctionalCall(Layer):
         named = chain(self.module.named_parameters(), self.module.named_buffers())
         return {tuple(name.split(".")): tuple(t.shape) for name, t in named}
 
+    def buffer_paths(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(tuple(name.split(".")) for name, _ in self.module.named_buffers())
+
     def __call__(
         self, params: TensorDict, *inputs: Any, key: Tensor | None = None, **kwargs: Any
     ) -> Any:
         flat = flat_state(params)
         for name in self._clone.intersection(flat):
             flat[name] = flat[name].clone()
-        return torch.func.functional_call(self.module, flat, inputs, kwargs or None, strict=True)
+        out = torch.func.functional_call(self.module, flat, inputs, kwargs or None, strict=True)
+        if not self._stats:
+            return out
+        state: dict[str, Any] = {}  # the clones the forward wrote into: the new statistics
+        for name in self._stats:
+            *parents, leaf = name.split(".")
+            node = state
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = flat[name]
+        return out, TensorDict(state, [])
 
     def __repr__(self) -> str:
         return f"FunctionalCall({type(self.module).__name__} at {id(self):#x})"
@@ -127,8 +157,8 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
 
     Lowered (exact types only; every option that changes the math is kept):
     ``Linear, Bilinear, Identity, Flatten, Conv1d/2d/3d, ConvTranspose1d/2d/3d,
-    Embedding, LayerNorm, GroupNorm, RMSNorm, RNNCell, GRUCell, LSTMCell,
-    MultiheadAttention``, the parameter-free activations, ``PReLU``,
+    Embedding, LayerNorm, GroupNorm, RMSNorm, BatchNorm1d/2d/3d (``training``
+    from the module's mode), RNNCell, GRUCell, LSTMCell, MultiheadAttention``, the parameter-free activations, ``PReLU``,
     ``Dropout`` (``inference = not module.training``) and ``Sequential`` of
     these (a ``Chain``). The layer's parameters are ``state_to_td(module)``.
 
@@ -147,8 +177,8 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
     Example:
         >>> lower(torch.nn.Linear(3, 4))
         Linear(in_features=3, out_features=4, bias=True)
-        >>> lower(torch.nn.BatchNorm1d(3)) is None
-        True
+        >>> lower(torch.nn.BatchNorm1d(3).eval())
+        BatchNorm1d(num_features=3, eps=1e-05, momentum=0.1, affine=True, track_running_stats=True, training=False)
     """
     if isinstance(module, Layer):
         return module
@@ -251,6 +281,15 @@ def _softmax(cls: type) -> Callable[[Any, bool], Layer | None]:
     return rule
 
 
+def _batchnorm(cls: type) -> Callable[[Any, bool], Layer | None]:
+    def rule(m: Any, fallback: bool) -> Layer | None:
+        if m.track_running_stats and (m.running_mean is None or m.running_var is None):
+            return None  # stats deleted after construction: no exact pure counterpart
+        return cls(m.num_features, m.eps, m.momentum, m.affine, m.track_running_stats, m.training)
+
+    return rule
+
+
 def _plain(cls: type) -> Callable[[Any, bool], Layer]:
     return lambda m, fallback: cls()
 
@@ -278,6 +317,9 @@ _RULES: dict[type, Callable[[Any, bool], Layer | None]] = {
     nn.GroupNorm: lambda m, f: GroupNorm(
         m.num_groups, m.num_channels, m.eps, m.affine, m.bias is not None or not m.affine
     ),
+    nn.BatchNorm1d: _batchnorm(BatchNorm1d),
+    nn.BatchNorm2d: _batchnorm(BatchNorm2d),
+    nn.BatchNorm3d: _batchnorm(BatchNorm3d),
     nn.RMSNorm: lambda m, f: RMSNorm(m.normalized_shape, m.eps, m.elementwise_affine),
     nn.RNNCell: lambda m, f: RNNCell(m.input_size, m.hidden_size, m.bias, m.nonlinearity),
     nn.GRUCell: lambda m, f: GRUCell(m.input_size, m.hidden_size, m.bias),

@@ -1,0 +1,252 @@
+"""Running statistics in pure training loops: split, merge, update; train/eval modes.
+
+The running statistics of ``BatchNorm*`` are entries of ``params`` (as in the
+torch module's ``state_dict()``). A training step differentiates only the
+trainable part and carries the statistics along:
+
+Example:
+    >>> trainable, state = fd.nn.split_state(model, params)
+    >>> def loss_fn(trainable, state, td):
+    ...     out, new_state = model.apply_with_state(fd.nn.merge_state(trainable, state), td)
+    ...     return ((out["y"] - td["target"]) ** 2).mean(), new_state
+    >>> grads, new_state = torch.func.grad(loss_fn, has_aux=True)(trainable, state, td)
+    >>> state = fd.nn.update_state(state, new_state)
+    >>> out = fd.nn.eval_mode(model)(fd.nn.merge_state(trainable, state), td)
+
+See ``notes/stateful.md`` for why it looks like this.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import torch
+
+from .. import _errors as E
+from .._td import TensorDict, _new
+from ._base import Layer
+from ._chain import Chain
+from ._dropout import Dropout
+from ._lower import FunctionalCall
+
+__all__ = ["buffer_paths", "eval_mode", "merge_state", "split_state", "train_mode", "update_state"]
+
+Path = tuple[str, ...]
+
+
+def buffer_paths(module: Any) -> tuple[Path, ...]:
+    """Paths of the entries of a module's params that are buffers (running statistics).
+
+    Args:
+        module: an ``fd.Module``, ``fd.Sequential``, a functd layer or a
+            ``torch.nn.Module`` (its ``named_buffers``).
+
+    Raises:
+        TypeError: ``module`` is none of these.
+
+    Example:
+        >>> buffer_paths(fd.nn.BatchNorm1d(3))
+        (('running_mean',), ('running_var',), ('num_batches_tracked',))
+    """
+    from .._module import Module
+    from .._sequential import Sequential
+
+    if isinstance(module, Layer):
+        return module.buffer_paths()
+    if type(module) is Module:
+        return module.fn.buffer_paths() if isinstance(module.fn, Layer) else ()
+    if type(module) is Sequential:
+        return tuple(
+            (name, *path)
+            for name, m in zip(module.names, module.modules)
+            if m.has_params
+            for path in buffer_paths(m)
+        )
+    if isinstance(module, torch.nn.Module):
+        return tuple(tuple(name.split(".")) for name, _ in module.named_buffers())
+    raise TypeError(
+        f"buffer_paths(module): expected an fd.Module, fd.Sequential, functd layer or "
+        f"torch.nn.Module; got a {type(module).__name__}."
+    )
+
+
+def split_state(module: Any, params: TensorDict) -> tuple[TensorDict, TensorDict]:
+    """Split ``params`` into ``(trainable, state)``: the running statistics go to ``state``.
+
+    Differentiate and optimise ``trainable`` only (``num_batches_tracked`` is an
+    integer, and weight decay must not touch ``running_mean``); carry ``state``
+    along and refresh it with ``update_state``. ``merge_state`` is the inverse.
+
+    Args:
+        module: the module the params belong to (see ``buffer_paths``).
+        params: its params.
+
+    Returns:
+        ``(trainable, state)``, both of the batch size of ``params``; nested
+        entries left empty by the split are dropped.
+
+    Raises:
+        KeyError: ``params`` lacks a buffer of ``module`` (params of another module).
+
+    Example:
+        >>> trainable, state = split_state(bn, bn.init(0))
+        >>> trainable.keys(), state.keys()
+        (('weight', 'bias'), ('running_mean', 'running_var', 'num_batches_tracked'))
+    """
+    paths = buffer_paths(module)
+    flat = {_path(k): v for k, v in params.items(True, True)}
+    missing = [p for p in paths if p not in flat]
+    if missing:
+        raise KeyError(
+            f"split_state(module, params): params lack the buffer(s) {E.fmt_keys(missing)} of "
+            f"the module; they have {E.fmt_keys(list(flat))}. Were the params made for another "
+            "module? Use module.init(key) or fd.from_module(module)."
+        )
+    bs = params.batch_size
+    state = _prune(params.select(*paths), bs) if paths else _new({}, bs)
+    return _prune(params.exclude(*paths), bs), state
+
+
+def merge_state(trainable: TensorDict, state: TensorDict) -> TensorDict:
+    """The params of a module from its two parts; the inverse of ``split_state``.
+
+    Raises:
+        TypeError: an argument is not a TensorDict.
+        KeyError: an entry is in both parts.
+
+    Example:
+        >>> params = merge_state(*split_state(bn, params))
+    """
+    _check_tds("merge_state", trainable, state)
+    have = {_path(k) for k in trainable.keys(True, True)}
+    both = [k for k in (_path(k) for k in state.keys(True, True)) if k in have]
+    if both:
+        raise KeyError(
+            f"merge_state(trainable, state): {E.fmt_keys(both)} in both parts; give the "
+            "two halves returned by split_state (or use update_state to replace entries)."
+        )
+    return trainable.update(state)
+
+
+def update_state(params: TensorDict, new_state: TensorDict) -> TensorDict:
+    """New params (or state) with the entries of ``new_state`` replaced.
+
+    ``new_state`` is the second result of ``m.apply_with_state(params, td)``;
+    ``params`` may be the full params or the ``state`` half of ``split_state``.
+
+    Raises:
+        TypeError: an argument is not a TensorDict.
+        KeyError: ``new_state`` has an entry that ``params`` lacks.
+        ValueError: an entry's shape differs.
+
+    Example:
+        >>> out, new_state = seq.apply_with_state(params, td)
+        >>> params = update_state(params, new_state)
+    """
+    _check_tds("update_state", params, new_state)
+    old = {_path(k): v for k, v in params.items(True, True)}
+    for k, v in new_state.items(True, True):
+        k = _path(k)
+        if k not in old:
+            raise KeyError(
+                f"update_state(params, new_state): new_state has {E.fmt_key(k)}, which params "
+                "lack. Pass the params (or the state half of split_state) of the module that "
+                "returned new_state."
+            )
+        if v.shape != old[k].shape:
+            raise ValueError(
+                f"update_state(params, new_state): new_state{list(k)} has shape "
+                f"{list(v.shape)} but params{list(k)} has {list(old[k].shape)}."
+            )
+    return params.update(new_state) if not new_state.is_empty() else params
+
+
+def eval_mode(module: Any) -> Any:
+    """The same model in eval mode, as ``torch.nn.Module.eval()``: BatchNorm
+    normalises with its running statistics, Dropout is the identity.
+
+    Returns a new module (or layer); ``module`` is unchanged. The params are
+    the same. Torch modules run through ``FunctionalCall`` are switched too.
+
+    Raises:
+        TypeError: ``module`` is not an fd.Module, fd.Sequential or functd layer.
+
+    Example:
+        >>> evaluate = fd.nn.eval_mode(model)
+        >>> out = evaluate(params, td)
+    """
+    return _set_mode(module, False)
+
+
+def train_mode(module: Any) -> Any:
+    """The same model in training mode (``torch.nn.Module.train()``); see ``eval_mode``.
+
+    Example:
+        >>> model = fd.nn.train_mode(fd.nn.eval_mode(model))
+    """
+    return _set_mode(module, True)
+
+
+# ------------------------------------------------------------------ helpers
+def _set_mode(obj: Any, training: bool) -> Any:
+    from .._module import Module
+    from .._sequential import Sequential
+
+    if type(obj) is Sequential:
+        mods = [_set_mode(m, training) for m in obj.modules]
+        return Sequential(*mods, selected_out_keys=obj.selected_out_keys, _names=obj.names)
+    if type(obj) is Module:
+        fn = _set_mode(obj.fn, training) if isinstance(obj.fn, Layer) else obj.fn
+        if fn is obj.fn:
+            return obj
+        ins = dict(zip(obj.in_keys, obj._kwargs)) if obj._kwargs else list(obj.in_keys)
+        new = Module(fn, ins, list(obj.out_keys))
+        object.__setattr__(new, "_source", obj._source)  # from_module still reads its weights
+        return new
+    if isinstance(obj, Chain):
+        layers = tuple(_set_mode(layer, training) for layer in obj.layers)
+        same = all(a is b for a, b in zip(layers, obj.layers))
+        return obj if same else dataclasses.replace(obj, layers=layers)
+    if isinstance(obj, Dropout):
+        return (
+            obj if obj.inference != training else dataclasses.replace(obj, inference=not training)
+        )
+    if isinstance(obj, FunctionalCall):
+        if all(m.training == training for m in obj.module.modules()):
+            return obj
+        return FunctionalCall(copy.deepcopy(obj.module).train(training))  # a meta copy
+    if isinstance(obj, Layer):
+        fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else ()
+        if "training" in fields and obj.training != training:
+            return dataclasses.replace(obj, training=training)
+        return obj
+    raise TypeError(
+        f"{'train' if training else 'eval'}_mode(module): expected an fd.Module, fd.Sequential or "
+        f"functd layer; got a {type(obj).__name__}."
+    )
+
+
+def _path(key: Any) -> Path:
+    return key if isinstance(key, tuple) else (key,)
+
+
+def _prune(td: TensorDict, bs: torch.Size) -> TensorDict:
+    """Drop nested TensorDicts left without leaves."""
+    data = {}
+    for k, v in td._data.items():
+        if type(v) is TensorDict:
+            v = _prune(v, v.batch_size)
+            if not v._data:
+                continue
+        data[k] = v
+    return _new(data, bs)
+
+
+def _check_tds(name: str, a: Any, b: Any) -> None:
+    for arg, v in (("first", a), ("second", b)):
+        if not isinstance(v, TensorDict):
+            raise TypeError(
+                f"{name}: the {arg} argument must be a TensorDict, got {type(v).__name__}."
+            )
