@@ -67,18 +67,29 @@ def _fmt_path(path: tuple) -> str:
     return out + "".join(f"[{p!r}]" for p in rest)
 
 
-def _td_layout(x: Any) -> Any:
-    """The batch sizes of every TensorDict in ``x`` (tree structures compare keys only)."""
+def _td_layout(x: Any) -> tuple:
+    """The batch sizes of the TensorDicts in ``x`` (found inside TensorDicts, tuples,
+    lists and dicts): tree structures compare keys only, and the same leaf shapes
+    can split into batch and feature dims in more than one way."""
     out = []
-    for node in optree.tree_leaves(x, is_leaf=lambda v: isinstance(v, TensorDict)):
-        if isinstance(node, TensorDict):
-            out.append((tuple(node.batch_size), _td_layout(tuple(node._data.values()))))
+    stack = [x]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is TensorDict:
+            out.append(v._batch_size)
+            stack.extend(w for w in v._data.values() if type(w) is TensorDict)
+        elif t is tuple or t is list:
+            stack.extend(v)
+        elif t is dict:
+            stack.extend(v.values())
     return tuple(out)
 
 
 def signature(args: tuple, kwargs: dict) -> tuple:
-    """The cache key of a call: tree structure, TensorDict batch sizes, per tensor
-    ``(shape, dtype, device)``, and the non-tensor leaves (which must be hashable).
+    """The cache key of a call: per argument its tree structure, the batch sizes of its
+    TensorDicts, per tensor ``(shape, dtype)``, its devices, and its non-tensor leaves
+    (which must be hashable).
 
     Raises:
         TypeError: a non-tensor leaf is not hashable.
@@ -87,33 +98,100 @@ def signature(args: tuple, kwargs: dict) -> tuple:
         >>> signature((torch.zeros(2),), {}) == signature((torch.ones(2),), {})
         True
     """
-    leaves, spec = optree.tree_flatten((args, kwargs), namespace=NAMESPACE)
-    return _signature(leaves, spec, args, kwargs)
-
-
-def _signature(leaves: list, spec: Any, args: tuple, kwargs: dict) -> tuple:
-    parts = []
-    for v in leaves:
-        if isinstance(v, torch.Tensor):
-            parts.append((v.shape, v.dtype, v.device))
-        else:
-            parts.append(("static", type(v), v))
-    sig = (spec, _td_layout((args, kwargs)), tuple(parts))
+    sig = _Flat(args, kwargs, {}).sig
     try:
         hash(sig)
     except TypeError:
-        paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
-        bad = next(
-            _fmt_path(p)
-            for p, v in zip(paths, leaves)
-            if not isinstance(v, torch.Tensor) and not _hashable(v)
-        )
-        raise TypeError(
-            f"cuda_graph: the non-tensor input {bad} is not hashable; non-tensor inputs are "
-            "part of the recording's signature. Pass it as a tensor, or as a hashable value "
-            "(a tuple rather than a list)."
-        ) from None
+        _unhashable(args, kwargs)
     return sig
+
+
+def _describe(a: Any) -> tuple:
+    """(signature part, leaves, spec, tensor leaves, devices, requires grad) of one argument."""
+    leaves, spec = optree.tree_flatten(a, namespace=NAMESPACE)
+    parts = []
+    tensors = []
+    devices = set()
+    grad = False
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            tensors.append(v)
+            parts.append((v.shape, v.dtype))
+            devices.add(v.device)
+            grad = grad or v.requires_grad
+        else:
+            parts.append((type(v), v))
+    sig = _Key((spec, tuple(devices), _td_layout(a), tuple(parts)))
+    return sig, leaves, spec, tensors, devices, grad
+
+
+class _Key:
+    """One argument's signature with its hash computed once (it is memoised with it)."""
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: tuple) -> None:
+        self.value = value
+        try:
+            self.hash = hash(value)
+        except TypeError:
+            self.hash = None  # unhashable static leaf: reported when looked up
+
+    def __hash__(self) -> int:
+        if self.hash is None:
+            raise TypeError("unhashable signature")
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is _Key and self.hash == other.hash and self.value == other.value
+        )
+
+
+class _Flat:
+    """A call's arguments, flattened one by one. A TensorDict argument's description
+    is memoised by identity in ``memo`` (a TensorDict never changes its leaves, and
+    a tensor never changes its shape, dtype or device), so passing the same params
+    object again costs no flattening."""
+
+    __slots__ = ("descs", "devices", "grad", "sig", "tensors")
+
+    def __init__(self, args: tuple, kwargs: dict, memo: dict) -> None:
+        descs = []
+        for i, a in enumerate((*args, *kwargs.values())):
+            hit = memo.get(i)
+            if hit is not None and hit[0] is a:
+                descs.append(hit[1])
+                continue
+            d = _describe(a)
+            if type(a) is TensorDict:
+                memo[i] = (a, d)
+            descs.append(d)
+        self.descs = descs
+        self.sig = (len(args), tuple(kwargs), *(d[0] for d in descs))
+        self.tensors = [t for d in descs for t in d[3]]
+        self.devices = set().union(*(d[4] for d in descs)) if descs else set()
+        self.grad = any(d[5] for d in descs)
+
+    def rebuild(self, args: tuple, kwargs: dict, leaves_of) -> tuple:
+        """(args, kwargs) with every argument's leaves replaced by ``leaves_of(desc)``."""
+        vals = [optree.tree_unflatten(d[2], leaves_of(d)) for d in self.descs]
+        return tuple(vals[: len(args)]), dict(zip(kwargs, vals[len(args) :]))
+
+
+def _unhashable(args: tuple, kwargs: dict) -> None:
+    leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)
+    paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
+    bad = next(
+        _fmt_path(p)
+        for p, v in zip(paths, leaves)
+        if not isinstance(v, torch.Tensor) and not _hashable(v)
+    )
+    raise TypeError(
+        f"cuda_graph: the non-tensor input {bad} is not hashable; non-tensor inputs are "
+        "part of the recording's signature. Pass it as a tensor, or as a hashable value "
+        "(a tuple rather than a list)."
+    ) from None
 
 
 def _hashable(v: Any) -> bool:
@@ -153,7 +231,15 @@ class _CudaRecorder:
 
 
 class _Entry:
-    __slots__ = ("calls", "out_leaves", "out_spec", "out_tensors", "replay", "static_in")
+    __slots__ = (
+        "calls",
+        "out_leaves",
+        "out_spec",
+        "out_tensors",
+        "passthrough",
+        "replay",
+        "static_in",
+    )
 
     def __init__(self) -> None:
         self.calls = 0  # warm-up calls done
@@ -161,6 +247,7 @@ class _Entry:
         self.static_in: list[torch.Tensor] = []
         self.out_leaves: list = []
         self.out_tensors: list[int] = []  # positions of tensor leaves among out_leaves
+        self.passthrough: list[tuple[int, int]] = []  # (output position, input position)
         self.out_spec = None
 
 
@@ -177,6 +264,7 @@ class _Graphed:
         self._maxsize = cache_size
         self._recorder = recorder
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._memo: dict = {}  # argument position -> (TensorDict, its description)
         self._warned = False
         self._counts = [0, 0, 0]  # recordings, replays, eager
 
@@ -197,6 +285,7 @@ class _Graphed:
     def cache_clear(self) -> None:
         """Drop every recording (their memory is freed with them)."""
         self._cache.clear()
+        self._memo.clear()
 
     def _name(self) -> str:
         return f"cuda_graph({getattr(self._f, '__name__', type(self._f).__name__)})"
@@ -213,11 +302,24 @@ class _Graphed:
         return self._f(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        leaves, spec = optree.tree_flatten((args, kwargs), namespace=NAMESPACE)
-        tensors = [v for v in leaves if _is_tensor(v)]
-        device = self._device(tensors, leaves, args, kwargs)
-        if device is None:
-            return self._eager("no tensor input", args, kwargs)
+        flat = _Flat(args, kwargs, self._memo)
+        tensors, devices = flat.tensors, flat.devices
+        if len(devices) != 1 or flat.grad:
+            if not tensors:
+                return self._eager("no tensor input", args, kwargs)
+            self._bad_inputs(flat.grad, args, kwargs)
+        sig = flat.sig
+        try:
+            entry = self._cache.get(sig)
+        except TypeError:
+            _unhashable(args, kwargs)
+        if entry is not None and entry.replay is not None:  # the hot path
+            self._cache.move_to_end(sig)
+            _copy(entry.static_in, tensors)
+            entry.replay()
+            self._counts[1] += 1
+            return self._outputs(entry, tensors)
+        (device,) = devices
         if not self._recorder.available(device):
             why = (
                 "CUDA is not available"
@@ -225,41 +327,29 @@ class _Graphed:
                 else f"the inputs are on {device}, not on a CUDA device"
             )
             return self._eager(why, args, kwargs)
-        sig = _signature(leaves, spec, args, kwargs)
-        entry = self._cache.get(sig)
         if entry is None:
             entry = self._cache[sig] = _Entry()
             while len(self._cache) > self._maxsize:
                 self._cache.popitem(last=False)  # least recently used
         else:
             self._cache.move_to_end(sig)
-        if entry.replay is None:
-            if entry.calls < self._warmup:
-                entry.calls += 1
-                self._counts[2] += 1
-                return self._recorder.warm(self._f, args, kwargs, device)
-            try:
-                self._record(entry, leaves, spec, device)
-            except BaseException:
-                self._cache.pop(sig, None)
-                raise
-            self._counts[0] += 1
-            return self._outputs(entry)
-        _copy(entry.static_in, tensors)
-        entry.replay()
-        self._counts[1] += 1
-        return self._outputs(entry)
+        if entry.calls < self._warmup:
+            entry.calls += 1
+            self._counts[2] += 1
+            return self._recorder.warm(self._f, args, kwargs, device)
+        try:
+            self._record(entry, flat, args, kwargs, device)
+        except BaseException:
+            self._cache.pop(sig, None)
+            raise
+        self._counts[0] += 1
+        return self._outputs(entry, tensors)
 
-    def _device(self, tensors, leaves, args, kwargs) -> torch.device | None:
-        if not tensors:
-            return None
-        devices = {t.device for t in tensors}
-        grads = any(t.requires_grad for t in tensors)
-        if len(devices) == 1 and not grads:
-            return next(iter(devices))
+    def _bad_inputs(self, grad: bool, args: tuple, kwargs: dict) -> None:
+        leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)
         paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
         described = [(_fmt_path(p), v) for p, v in zip(paths, leaves) if _is_tensor(v)]
-        if grads:
+        if grad:
             bad = [p for p, v in described if v.requires_grad]
             raise ValueError(
                 f"{self._name()}: input(s) {', '.join(bad[:5])} require grad. A recorded graph "
@@ -276,11 +366,13 @@ class _Graphed:
             "move every input there first (`.to('cuda')`; a TensorDict's `td.to('cuda')`)."
         )
 
-    def _record(self, entry: _Entry, leaves: list, spec: Any, device: torch.device) -> None:
-        static = [
-            torch.empty_like(v).copy_(v) if _is_tensor(v) else v for v in leaves
-        ]  # fresh buffers: never the caller's tensors
-        sargs, skwargs = optree.tree_unflatten(spec, static)
+    def _record(self, entry: _Entry, flat: _Flat, args: tuple, kwargs: dict, device) -> None:
+        static_in = [torch.empty_like(t) for t in flat.tensors]  # never the caller's tensors
+        _copy(static_in, flat.tensors)
+        it = iter(static_in)
+        sargs, skwargs = flat.rebuild(
+            args, kwargs, lambda d: [next(it) if _is_tensor(v) else v for v in d[1]]
+        )
         try:
             replay, out = self._recorder.record(self._f, sargs, skwargs, device)
         except RuntimeError as e:
@@ -291,22 +383,33 @@ class _Graphed:
                 "those, or run the function without fd.cuda_graph."
             ) from e
         out_leaves, out_spec = optree.tree_flatten(out, namespace=NAMESPACE)
-        entry.static_in = [v for v in static if _is_tensor(v)]
+        position = {id(t): j for j, t in enumerate(static_in)}
+        entry.static_in = static_in
         entry.out_leaves = out_leaves
-        entry.out_tensors = [i for i, v in enumerate(out_leaves) if _is_tensor(v)]
         entry.out_spec = out_spec
+        # outputs that are inputs passed through (a td's input keys) are the caller's
+        # tensors, as in eager; the others are the graph's output buffers
+        entry.passthrough = [
+            (i, position[id(v)]) for i, v in enumerate(out_leaves) if id(v) in position
+        ]
+        entry.out_tensors = [
+            i for i, v in enumerate(out_leaves) if _is_tensor(v) and id(v) not in position
+        ]
         entry.replay = replay
         replay()  # recording runs nothing: compute this call's outputs
 
-    def _outputs(self, entry: _Entry) -> Any:
+    def _outputs(self, entry: _Entry, tensors: list) -> Any:
         leaves = entry.out_leaves
-        if self._clone and entry.out_tensors:
+        if entry.passthrough or (self._clone and entry.out_tensors):
             leaves = list(leaves)
-            src = [leaves[i] for i in entry.out_tensors]
-            dst = [torch.empty_like(t) for t in src]
-            _copy(dst, src)
-            for i, t in zip(entry.out_tensors, dst):
-                leaves[i] = t
+            for i, j in entry.passthrough:
+                leaves[i] = tensors[j]
+            if self._clone and entry.out_tensors:
+                src = [leaves[i] for i in entry.out_tensors]
+                dst = [torch.empty_like(t) for t in src]
+                _copy(dst, src)
+                for i, t in zip(entry.out_tensors, dst):
+                    leaves[i] = t
         return optree.tree_unflatten(entry.out_spec, leaves)
 
 
