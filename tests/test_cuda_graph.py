@@ -9,9 +9,10 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+from conformance import ENTRIES, params_for
 
 import functd as fd
-from functd._cuda_graph import CudaGraphWarning, signature
+from functd._cuda_graph import signature
 from functd.testing import assert_close
 
 
@@ -89,7 +90,7 @@ def _faked(f, **kw):
 def test_cpu_fallback_runs_eagerly_and_warns_once():
     step = fd.cuda_graph(BLOCK)
     params, td = BLOCK.init(0), _td()
-    with pytest.warns(CudaGraphWarning, match=r"cuda_graph\(.*runs eagerly"):
+    with pytest.warns(fd.CudaGraphWarning, match=r"cuda_graph\(.*runs eagerly"):
         out = step(params, td)
     assert_close(out, BLOCK(params, td))
     with warnings.catch_warnings():
@@ -383,7 +384,7 @@ def test_cuda_captured_training_step():
 def test_cuda_cpu_inputs_run_eagerly_and_mixed_inputs_fail():
     step = fd.cuda_graph(BLOCK)
     params = BLOCK.init(0)
-    with pytest.warns(CudaGraphWarning, match="on cpu"):
+    with pytest.warns(fd.CudaGraphWarning, match="on cpu"):
         step(params, _td())
     with pytest.raises(ValueError, match="several devices"):
         step(params, _td(4, "cuda"))
@@ -399,4 +400,23 @@ def test_same_params_object_reads_its_current_values():
     with torch.no_grad():
         params["0", "bias"].add_(1.0)  # the caller's own in-place write
     assert_close(step(params, td), BLOCK(params, td))
+    assert step.cache_info().replays == 1
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_cuda_graph_every_registry_entry(name):
+    e = ENTRIES[name]
+    m = e.make()
+    params = params_for(m).apply(lambda v: v.detach()).to("cuda")
+    key = fd.random.key(7).cuda()
+
+    def call(p, td, key):
+        return m(p, td, key=key) if m.random else m(p, td)
+
+    step = fd.cuda_graph(call, warmup=1)
+    for _ in range(3):
+        td = e.example().to("cuda")
+        td = td.apply(lambda v: v + 1 if v.is_floating_point() else v)
+        assert_close(step(params, td, key), call(params, td, key), rtol=1e-5, atol=1e-6)
     assert step.cache_info().replays == 1
