@@ -14,6 +14,7 @@ import torch
 import torch._dynamo
 import torch.nn as nn
 from conformance import ENTRIES, params_for
+from hypothesis import given, settings
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
@@ -216,3 +217,19 @@ def test_aot_autograd_dynamic_batch_tutorial_block():
         assert_close(compiled(params_for(m), tdn), m(params_for(m), tdn), **TOL)
     stats = counters["stats"]
     assert stats["unique_graphs"] <= 2, dict(stats)
+
+
+@settings(max_examples=4)  # each example compiles (~1-2 s here)
+@given(bs=fd.testing.batch_shapes(max_dims=3, max_side=4))
+def test_property_compile_equals_eager_any_batch_shape(bs):
+    torch._dynamo.reset()  # per example: the fixture runs once per test
+    counters.clear()
+    m = ENTRIES["Sequential(tutorial block)"].make()
+    params = params_for(m)
+    td = fd.TensorDict({"x": torch.randn(*bs, 3)}, bs)
+    cnt = CompileCounter()
+    compiled = torch.compile(_caller(m), backend=cnt, fullgraph=True, dynamic=True)
+    out = compiled(params, td)
+    assert out.batch_size == td.batch_size
+    assert_close(out, m(params, td), **TOL)
+    assert _breaks() == 0
