@@ -415,8 +415,8 @@ def test_cuda_graph_every_registry_entry(name):
         return m(p, td, key=key) if m.random else m(p, td)
 
     step = fd.cuda_graph(call, warmup=1)
-    for _ in range(3):
+    for i in range(3):  # warm-up, recording, replay: each with new values
         td = e.example().to("cuda")
-        td = td.apply(lambda v: v + 1 if v.is_floating_point() else v)
+        td = td.apply(lambda v, i=i: v + i if v.is_floating_point() else v)
         assert_close(step(params, td, key), call(params, td, key), rtol=1e-5, atol=1e-6)
     assert step.cache_info().replays == 1
