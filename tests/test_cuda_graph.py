@@ -420,3 +420,71 @@ def test_cuda_graph_every_registry_entry(name):
         td = td.apply(lambda v, i=i: v + i if v.is_floating_point() else v)
         assert_close(step(params, td, key), call(params, td, key), rtol=1e-5, atol=1e-6)
     assert step.cache_info().replays == 1
+
+
+def test_cuda_recorder_call_sequence(monkeypatch):
+    """The real recorder's use of torch.cuda, checked on the CPU with stand-ins:
+    warm-up on a side stream that waits for the current one (and back), recording
+    inside ``torch.cuda.graph`` on the inputs' device."""
+    from contextlib import contextmanager
+
+    from functd._cuda_graph import _CudaRecorder
+
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+        def wait_stream(self, other):
+            log.append(f"{self.name} waits {other.name}")
+
+    class Graph:
+        def replay(self):
+            log.append("replay")
+
+    @contextmanager
+    def ctx(what):
+        log.append(f"enter {what}")
+        yield
+        log.append(f"exit {what}")
+
+    current = Stream("current")
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream("side"))
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: ctx(f"stream {s.name}"))
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", lambda g, **kw: ctx("graph"))
+    monkeypatch.setattr(torch.cuda, "device", lambda d: ctx(f"device {d}"))
+
+    def f(x):
+        log.append("f")
+        return {"y": x + 1}
+
+    x = torch.zeros(2)
+    out = _CudaRecorder.warm(f, (x,), {}, torch.device("cpu"))
+    assert torch.equal(out["y"], x + 1)
+    assert log == ["side waits current", "enter stream side", "f", "exit stream side",
+                   "current waits side"]  # fmt: skip
+    log.clear()
+    replay, out = _CudaRecorder.record(f, (x,), {}, torch.device("cpu"))
+    assert log == ["enter device cpu", "enter graph", "f", "exit graph", "exit device cpu"]
+    replay()
+    assert log[-1] == "replay"
+
+
+def test_as_a_method_decorator():
+    class Model:
+        def __init__(self):
+            self.scale = 2.0
+
+        @fd.cuda_graph(warmup=0)
+        def forward(self, x):
+            return x * self.scale
+
+    Model.forward._recorder = FakeRecorder()
+    m = Model()
+    x = torch.randn(3)
+    assert torch.equal(m.forward(x), x * 2.0)
+    assert torch.equal(m.forward(x + 1), (x + 1) * 2.0)
+    assert Model.forward.cache_info().replays == 1
