@@ -406,8 +406,11 @@ class _Graphed:
                 leaves[i] = tensors[j]
             if self._clone and entry.out_tensors:
                 src = [leaves[i] for i in entry.out_tensors]
-                dst = [torch.empty_like(t) for t in src]
-                _copy(dst, src)
+                if len(src) == 1:
+                    dst = [src[0].clone()]
+                else:
+                    dst = [torch.empty_like(t) for t in src]
+                    _copy(dst, src)
                 for i, t in zip(entry.out_tensors, dst):
                     leaves[i] = t
         return optree.tree_unflatten(entry.out_spec, leaves)
