@@ -233,3 +233,17 @@ def test_property_compile_equals_eager_any_batch_shape(bs):
     assert out.batch_size == td.batch_size
     assert_close(out, m(params, td), **TOL)
     assert _breaks() == 0
+
+
+def test_bad_params_error_under_compile_is_functds():
+    m = ENTRIES["Module(nn.Linear lowered)"].make()
+    bad = fd.Module(nn.Linear(3, 5), ["x"], ["y"]).init(0)
+    td = ENTRIES["Module(nn.Linear lowered)"].example()
+    compiled = torch.compile(_caller(m), backend="eager")
+    with pytest.raises(ValueError, match=r"params entry 'weight' has shape \[5, 3\], expected"):
+        compiled(bad, td)
+    # with fullgraph=True dynamo wraps it (torch's behaviour); the message is still there
+    torch._dynamo.reset()
+    strict = torch.compile(_caller(m), backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match=r"params entry 'weight' has shape \[5, 3\]"):
+        strict(bad, td)
