@@ -11,6 +11,8 @@ from . import _tree
 from . import nn as nn
 from . import random as random
 from . import testing as testing
+from ._cuda_graph import CudaGraphWarning as CudaGraphWarning
+from ._cuda_graph import cuda_graph as cuda_graph
 from ._io import load as load
 from ._io import save as save
 from ._module import Module as Module

@@ -522,7 +522,12 @@ def _layout(fn) -> dict:
 
 
 def _check_params(m: Module, params: TensorDict) -> None:
-    expected = _layout(m._fn)
+    # Under torch.compile the check is traced (it costs nothing at run time: the
+    # shapes are guarded anyway) but neither the layout cache nor the params'
+    # ``_checked`` slot is written: a side effect on an input or on a global
+    # would make the next call fail a guard and recompile (notes/gotchas.md).
+    compiling = torch.compiler.is_compiling()
+    expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)
     got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
     missing = [k for k in expected if k not in got]
     extra = [k for k in got if k not in expected]
@@ -538,7 +543,8 @@ def _check_params(m: Module, params: TensorDict) -> None:
                 f"{m._label()}: params entry {E.fmt_key(k)} has shape {list(got[k].shape)}, "
                 f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
             )
-    object.__setattr__(params, "_checked", m._fn)
+    if not compiling:
+        object.__setattr__(params, "_checked", m._fn)
 
 
 def _keyword_call(m, params, key, tensors: dict):

@@ -92,7 +92,12 @@ def _check_shape(fn: str, shape: Shape, name: str = "shape") -> tuple[int, ...]:
     try:
         if isinstance(shape, Tensor) or any(isinstance(d, bool) for d in dims):
             raise TypeError
-        out = tuple(operator.index(d) for d in dims)
+        if torch.compiler.is_compiling():
+            # keep dynamic sizes symbolic: operator.index would specialise them (a recompile
+            # per batch size); an invalid size fails in the torch op that uses it
+            out = tuple(dims)
+        else:
+            out = tuple(operator.index(d) for d in dims)
     except TypeError:
         raise TypeError(f"{fn}: `{name}` must be a tuple of ints, got {shape!r}.") from None
     if any(d < 0 for d in out):

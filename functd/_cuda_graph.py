@@ -1,0 +1,475 @@
+"""``cuda_graph(f)``: record a pure function of pytrees of tensors once, replay it after.
+
+The wrapper keeps one recording per input *signature* (tree structure, the batch
+sizes of its TensorDicts, each tensor's shape, dtype and device, and the values
+of non-tensor leaves) in a small LRU cache. For each signature:
+
+1. the first ``warmup`` calls run ``f`` eagerly on a side stream (torch's rule for
+   warm-up before a capture), on the caller's tensors;
+2. the next call allocates static input buffers, fills them with ``copy_`` from
+   the call's inputs, records ``f`` on them into a ``torch.cuda.CUDAGraph`` and
+   replays it once;
+3. every later call copies its inputs into the static buffers and replays.
+
+Outputs are cloned by default. The caller's tensors are only ever read: functd
+never swaps or writes them (tensordict's ``CudaGraphModule`` swaps input leaves
+during warm-up). Randomness stays random: a ``fd.random`` key is an input tensor,
+copied like any other.
+
+Example:
+    >>> step = fd.cuda_graph(train_step)   # train_step(params, batch, key) -> params
+    >>> params = step(params, batch, key)  # warm-up, then record, then replay
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import optree
+import torch
+
+from ._td import TensorDict
+from ._tree import NAMESPACE
+
+__all__ = ["CudaGraphWarning", "cuda_graph", "signature"]
+
+
+class CudaGraphWarning(UserWarning):
+    """``fd.cuda_graph`` ran a function eagerly (no CUDA, or inputs on the CPU)."""
+
+
+class CacheInfo(NamedTuple):
+    """Counters of one ``cuda_graph`` wrapper (see ``step.cache_info()``)."""
+
+    recordings: int  # graphs recorded so far (a new signature, or one evicted before)
+    replays: int  # calls answered by replaying a recorded graph
+    eager: int  # calls run eagerly: warm-up, or the fallback without CUDA
+    size: int  # signatures held now (recorded or warming up)
+    maxsize: int
+
+
+def _is_tensor(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def _fmt_path(path: tuple) -> str:
+    head, rest = path[0], path[1:]
+    if head == 0:  # positional
+        out, rest = f"args[{rest[0]}]", rest[1:]
+    else:
+        out, rest = f"{rest[0]}=", rest[1:]
+    if not rest:
+        return out
+    return out + "".join(f"[{p!r}]" for p in rest)
+
+
+def _td_layout(x: Any) -> tuple:
+    """The batch sizes of the TensorDicts in ``x`` (found inside TensorDicts, tuples,
+    lists and dicts): tree structures compare keys only, and the same leaf shapes
+    can split into batch and feature dims in more than one way."""
+    out = []
+    stack = [x]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is TensorDict:
+            out.append(v._batch_size)
+            stack.extend(w for w in v._data.values() if type(w) is TensorDict)
+        elif t is tuple or t is list:
+            stack.extend(v)
+        elif t is dict:
+            stack.extend(v.values())
+    return tuple(out)
+
+
+def signature(args: tuple, kwargs: dict) -> tuple:
+    """The cache key of a call: per argument its tree structure, the batch sizes of its
+    TensorDicts, per tensor ``(shape, dtype)``, its devices, and its non-tensor leaves
+    (which must be hashable).
+
+    Raises:
+        TypeError: a non-tensor leaf is not hashable.
+
+    Example:
+        >>> signature((torch.zeros(2),), {}) == signature((torch.ones(2),), {})
+        True
+    """
+    sig = _Flat(args, kwargs, {}).sig
+    try:
+        hash(sig)
+    except TypeError:
+        _unhashable(args, kwargs)
+    return sig
+
+
+def _describe(a: Any) -> tuple:
+    """(signature part, leaves, spec, tensor leaves, devices, requires grad) of one argument."""
+    leaves, spec = optree.tree_flatten(a, namespace=NAMESPACE)
+    parts = []
+    tensors = []
+    devices = set()
+    grad = False
+    for v in leaves:
+        if isinstance(v, torch.Tensor):
+            tensors.append(v)
+            parts.append((v.shape, v.dtype))
+            devices.add(v.device)
+            grad = grad or v.requires_grad
+        else:
+            parts.append((type(v), v))
+    sig = _Key((spec, tuple(devices), _td_layout(a), tuple(parts)))
+    return sig, leaves, spec, tensors, devices, grad
+
+
+class _Key:
+    """One argument's signature with its hash computed once (it is memoised with it)."""
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: tuple) -> None:
+        self.value = value
+        try:
+            self.hash = hash(value)
+        except TypeError:
+            self.hash = None  # unhashable static leaf: reported when looked up
+
+    def __hash__(self) -> int:
+        if self.hash is None:
+            raise TypeError("unhashable signature")
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (
+            type(other) is _Key and self.hash == other.hash and self.value == other.value
+        )
+
+
+class _Flat:
+    """A call's arguments, flattened one by one. A TensorDict argument's description
+    is memoised by identity in ``memo`` (a TensorDict never changes its leaves, and
+    a tensor never changes its shape, dtype or device), so passing the same params
+    object again costs no flattening."""
+
+    __slots__ = ("descs", "devices", "grad", "sig", "tensors")
+
+    def __init__(self, args: tuple, kwargs: dict, memo: dict) -> None:
+        descs = []
+        for i, a in enumerate((*args, *kwargs.values())):
+            hit = memo.get(i)
+            if hit is not None and hit[0] is a:
+                descs.append(hit[1])
+                continue
+            d = _describe(a)
+            if type(a) is TensorDict:
+                memo[i] = (a, d)
+            descs.append(d)
+        self.descs = descs
+        self.sig = (len(args), tuple(kwargs), *(d[0] for d in descs))
+        self.tensors = [t for d in descs for t in d[3]]
+        self.devices = set().union(*(d[4] for d in descs)) if descs else set()
+        self.grad = any(d[5] for d in descs)
+
+    def rebuild(self, args: tuple, kwargs: dict, leaves_of) -> tuple:
+        """(args, kwargs) with every argument's leaves replaced by ``leaves_of(desc)``."""
+        vals = [optree.tree_unflatten(d[2], leaves_of(d)) for d in self.descs]
+        return tuple(vals[: len(args)]), dict(zip(kwargs, vals[len(args) :]))
+
+
+def _unhashable(args: tuple, kwargs: dict) -> None:
+    leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)
+    paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
+    bad = next(
+        _fmt_path(p)
+        for p, v in zip(paths, leaves)
+        if not isinstance(v, torch.Tensor) and not _hashable(v)
+    )
+    raise TypeError(
+        f"cuda_graph: the non-tensor input {bad} is not hashable; non-tensor inputs are "
+        "part of the recording's signature. Pass it as a tensor, or as a hashable value "
+        "(a tuple rather than a list)."
+    ) from None
+
+
+def _hashable(v: Any) -> bool:
+    try:
+        hash(v)
+    except TypeError:
+        return False
+    return True
+
+
+class _CudaRecorder:
+    """Warm-up and recording with torch.cuda (the real path)."""
+
+    @staticmethod
+    def available(device: torch.device) -> bool:
+        return device.type == "cuda" and torch.cuda.is_available()
+
+    @staticmethod
+    def warm(f: Callable, args: tuple, kwargs: dict, device: torch.device) -> Any:
+        current = torch.cuda.current_stream(device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            out = f(*args, **kwargs)
+        current.wait_stream(side)
+        for t in optree.tree_leaves(out, namespace=NAMESPACE):
+            if _is_tensor(t) and t.device.type == "cuda":
+                t.record_stream(current)  # made on `side`, used on `current`
+        return out
+
+    @staticmethod
+    def record(f: Callable, args: tuple, kwargs: dict, device: torch.device):
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.device(device), torch.cuda.graph(graph):
+            out = f(*args, **kwargs)
+        return graph.replay, out
+
+
+class _Entry:
+    __slots__ = (
+        "calls",
+        "out_leaves",
+        "out_spec",
+        "out_tensors",
+        "passthrough",
+        "replay",
+        "static_in",
+    )
+
+    def __init__(self) -> None:
+        self.calls = 0  # warm-up calls done
+        self.replay = None  # set once recorded
+        self.static_in: list[torch.Tensor] = []
+        self.out_leaves: list = []
+        self.out_tensors: list[int] = []  # positions of tensor leaves among out_leaves
+        self.passthrough: list[tuple[int, int]] = []  # (output position, input position)
+        self.out_spec = None
+
+
+class _Graphed:
+    """The callable ``cuda_graph`` returns; ``__wrapped__``/``__doc__`` are ``f``'s."""
+
+    def __init__(
+        self, f: Callable, warmup: int, clone_outputs: bool, cache_size: int, recorder: Any
+    ) -> None:
+        functools.update_wrapper(self, f)
+        self._f = f
+        self._warmup = warmup
+        self._clone = clone_outputs
+        self._maxsize = cache_size
+        self._recorder = recorder
+        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
+        self._memo: dict = {}  # argument position -> (TensorDict, its description)
+        self._warned = False
+        self._counts = [0, 0, 0]  # recordings, replays, eager
+
+    def __repr__(self) -> str:
+        name = getattr(self._f, "__qualname__", repr(self._f))
+        return (
+            f"cuda_graph({name}, warmup={self._warmup}, clone_outputs={self._clone}, "
+            f"cache_size={self._maxsize})"
+        )
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:  # as a method decorator
+        return self if obj is None else functools.partial(self, obj)
+
+    def cache_info(self) -> CacheInfo:
+        """Recordings, replays and eager calls so far, and the cache's size."""
+        return CacheInfo(*self._counts, len(self._cache), self._maxsize)
+
+    def cache_clear(self) -> None:
+        """Drop every recording (their memory is freed with them)."""
+        self._cache.clear()
+        self._memo.clear()
+
+    def _name(self) -> str:
+        return f"cuda_graph({getattr(self._f, '__name__', type(self._f).__name__)})"
+
+    def _eager(self, why: str, args: tuple, kwargs: dict) -> Any:
+        if not self._warned:
+            self._warned = True
+            warnings.warn(
+                f"{self._name()}: {why}; the function runs eagerly, no graph is recorded.",
+                CudaGraphWarning,
+                stacklevel=3,
+            )
+        self._counts[2] += 1
+        return self._f(*args, **kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        flat = _Flat(args, kwargs, self._memo)
+        tensors, devices = flat.tensors, flat.devices
+        if len(devices) != 1 or flat.grad:
+            if not tensors:
+                return self._eager("no tensor input", args, kwargs)
+            self._bad_inputs(flat.grad, args, kwargs)
+        sig = flat.sig
+        try:
+            entry = self._cache.get(sig)
+        except TypeError:
+            _unhashable(args, kwargs)
+        if entry is not None and entry.replay is not None:  # the hot path
+            self._cache.move_to_end(sig)
+            _copy(entry.static_in, tensors)
+            entry.replay()
+            self._counts[1] += 1
+            return self._outputs(entry, tensors)
+        (device,) = devices
+        if not self._recorder.available(device):
+            why = (
+                "CUDA is not available"
+                if not torch.cuda.is_available()
+                else f"the inputs are on {device}, not on a CUDA device"
+            )
+            return self._eager(why, args, kwargs)
+        if entry is None:
+            entry = self._cache[sig] = _Entry()
+            while len(self._cache) > self._maxsize:
+                self._cache.popitem(last=False)  # least recently used
+        else:
+            self._cache.move_to_end(sig)
+        if entry.calls < self._warmup:
+            entry.calls += 1
+            self._counts[2] += 1
+            return self._recorder.warm(self._f, args, kwargs, device)
+        try:
+            self._record(entry, flat, args, kwargs, device)
+        except BaseException:
+            self._cache.pop(sig, None)
+            raise
+        self._counts[0] += 1
+        return self._outputs(entry, tensors)
+
+    def _bad_inputs(self, grad: bool, args: tuple, kwargs: dict) -> None:
+        leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)
+        paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
+        described = [(_fmt_path(p), v) for p, v in zip(paths, leaves) if _is_tensor(v)]
+        if grad:
+            bad = [p for p, v in described if v.requires_grad]
+            raise ValueError(
+                f"{self._name()}: input(s) {', '.join(bad[:5])} require grad. A recorded graph "
+                "cannot join an outer autograd graph: compute gradients inside the function "
+                "(torch.func.grad) and pass the inputs detached (`.detach()`)."
+            )
+        by_device: dict = {}
+        for p, v in described:
+            by_device.setdefault(str(v.device), p)
+        where = ", ".join(f"{p} on {d}" for d, p in by_device.items())
+        raise ValueError(
+            f"{self._name()}: the inputs are on several devices ({where}). A CUDA graph reads "
+            "all its inputs on one GPU, and CPU tensors would be frozen into the recording: "
+            "move every input there first (`.to('cuda')`; a TensorDict's `td.to('cuda')`)."
+        )
+
+    def _record(self, entry: _Entry, flat: _Flat, args: tuple, kwargs: dict, device) -> None:
+        static_in = [torch.empty_like(t) for t in flat.tensors]  # never the caller's tensors
+        _copy(static_in, flat.tensors)
+        it = iter(static_in)
+        sargs, skwargs = flat.rebuild(
+            args, kwargs, lambda d: [next(it) if _is_tensor(v) else v for v in d[1]]
+        )
+        try:
+            replay, out = self._recorder.record(self._f, sargs, skwargs, device)
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"{self._name()}: recording the function into a CUDA graph failed: {e}\n"
+                "A recorded function may not synchronise with the host (`.item()`, `print` "
+                "of a tensor, data-dependent shapes such as `x[mask]`, CPU tensors): remove "
+                "those, or run the function without fd.cuda_graph."
+            ) from e
+        out_leaves, out_spec = optree.tree_flatten(out, namespace=NAMESPACE)
+        position = {id(t): j for j, t in enumerate(static_in)}
+        entry.static_in = static_in
+        entry.out_leaves = out_leaves
+        entry.out_spec = out_spec
+        # outputs that are inputs passed through (a td's input keys) are the caller's
+        # tensors, as in eager; the others are the graph's output buffers
+        entry.passthrough = [
+            (i, position[id(v)]) for i, v in enumerate(out_leaves) if id(v) in position
+        ]
+        entry.out_tensors = [
+            i for i, v in enumerate(out_leaves) if _is_tensor(v) and id(v) not in position
+        ]
+        entry.replay = replay
+        replay()  # recording runs nothing: compute this call's outputs
+
+    def _outputs(self, entry: _Entry, tensors: list) -> Any:
+        leaves = entry.out_leaves
+        if entry.passthrough or (self._clone and entry.out_tensors):
+            leaves = list(leaves)
+            for i, j in entry.passthrough:
+                leaves[i] = tensors[j]
+            if self._clone and entry.out_tensors:
+                src = [leaves[i] for i in entry.out_tensors]
+                if len(src) == 1:
+                    dst = [src[0].clone()]
+                else:
+                    dst = [torch.empty_like(t) for t in src]
+                    _copy(dst, src)
+                for i, t in zip(entry.out_tensors, dst):
+                    leaves[i] = t
+        return optree.tree_unflatten(entry.out_spec, leaves)
+
+
+def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
+    if dst:
+        torch._foreach_copy_(dst, src)  # one fused launch per dtype/device group
+
+
+def cuda_graph(
+    f: Callable | None = None,
+    *,
+    warmup: int = 2,
+    clone_outputs: bool = True,
+    cache_size: int = 8,
+) -> Any:
+    """Record ``f`` into a CUDA graph after ``warmup`` calls, and replay it afterwards.
+
+    ``f`` is a pure function of pytrees of tensors (TensorDicts, tuples, dicts of
+    tensors; e.g. a whole training step returning new params). Each new input
+    signature (see :func:`signature`) gets its own warm-up and recording; an LRU
+    cache keeps ``cache_size`` of them. A new signature during warm-up simply
+    starts a warm-up of its own. The caller's tensors are read, never written.
+
+    Without CUDA (or with every input on the CPU) ``f`` runs eagerly, and a
+    :class:`CudaGraphWarning` says so once per wrapper.
+
+    Args:
+        f: the function; ``cuda_graph(warmup=3)`` without ``f`` gives a decorator.
+        warmup: eager calls per signature before recording (on a side stream).
+        clone_outputs: return copies of the outputs (default). With False the
+            outputs *are* the graph's static buffers: the next call with the
+            same signature overwrites them, so clone what you keep.
+        cache_size: how many signatures' recordings to keep (least recently used
+            dropped first; a dropped one is warmed up and recorded again).
+
+    Returns:
+        A callable with ``f``'s ``__wrapped__``, ``__doc__`` and name, and
+        ``cache_info()`` / ``cache_clear()``.
+
+    Raises:
+        ValueError: an input requires grad, or inputs mix devices (CPU and CUDA).
+        TypeError: a non-tensor input is not hashable.
+        RuntimeError: ``f`` cannot be recorded (it synchronises with the host).
+
+    Example:
+        >>> step = fd.cuda_graph(lambda p, td: block(p, td), warmup=2)
+        >>> out = step(params, td.to("cuda"))
+        >>> step.cache_info().recordings
+    """
+    if f is None:
+        return functools.partial(
+            cuda_graph, warmup=warmup, clone_outputs=clone_outputs, cache_size=cache_size
+        )
+    if not callable(f):
+        raise TypeError(f"cuda_graph(f) takes a function, got {type(f).__name__}.")
+    if not isinstance(warmup, int) or warmup < 0:
+        raise ValueError(f"cuda_graph: warmup must be an int >= 0, got {warmup!r}.")
+    if not isinstance(cache_size, int) or cache_size < 1:
+        raise ValueError(f"cuda_graph: cache_size must be an int >= 1, got {cache_size!r}.")
+    return _Graphed(f, warmup, bool(clone_outputs), cache_size, _CudaRecorder())
