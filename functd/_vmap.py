@@ -269,16 +269,44 @@ def _zeroed(dims: Any, name: str) -> Any:
         vals = list(z.values())
         if vals and all(_is_dim(v) and v == vals[0] for v in vals):
             return vals[0]
-        if isinstance(dims, TensorDict):
-            raise ValueError(
-                f"fd.vmap({name}): out_dims TensorDict mixes None and ints; the entries of a "
-                "TensorDict output share its batch dims, so give them one out_dim."
-            )
-        return z
+        return z  # per entry: a TensorDict output there is passed as a dict (see _plain)
     raise TypeError(
         f"fd.vmap({name}): out_dims must be an int, None, or a tuple/dict of them; got "
         f"{type(dims).__name__}."
     )
+
+
+def _mixed(dims: Any) -> bool:
+    """True when a mapping in ``dims`` gives its entries different out_dims."""
+    if isinstance(dims, tuple | list):
+        return any(_mixed(d) for d in dims)
+    if isinstance(dims, Mapping | TensorDict):
+        return not _is_dim(_zeroed(dims, ""))
+    return False
+
+
+def _plain(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
+    """Inside vmap: give torch a dict for each TensorDict output whose entries get
+    different out_dims (only valid for batch_size [], where entries are independent)."""
+    if isinstance(dims, tuple | list) and isinstance(out, tuple | list):
+        return type(out)(
+            _plain(v, d, (*path, i), name, converted) for i, (v, d) in enumerate(zip(out, dims))
+        )
+    if not isinstance(dims, Mapping | TensorDict) or not _mixed(dims):
+        return out
+    if isinstance(out, TensorDict):
+        if out._batch_size:
+            _uniform(dims, path, name)  # raises: entries share the batch dims
+        converted.add(path)
+        out = out._data
+    if isinstance(out, dict):
+        if set(out) != set(dims.keys()):
+            raise ValueError(
+                f"fd.vmap({name}): out_dims at {fmt_path(path, 'output')} has keys "
+                f"{sorted(dims.keys(), key=str)} but the output there has {sorted(out, key=str)}."
+            )
+        return {k: _plain(v, dims[k], (*path, k), name, converted) for k, v in out.items()}
+    return out
 
 
 def _uniform(dims: Any, path: tuple, name: str) -> Any:
@@ -291,21 +319,26 @@ def _uniform(dims: Any, path: tuple, name: str) -> Any:
         return vals[0]
     raise ValueError(
         f"fd.vmap({name}): out_dims at {fmt_path(path, 'output')} gives different dims "
-        f"({dims!r}) for the entries of a TensorDict output; its entries share its batch "
-        "dims, so give one out_dim for the whole TensorDict."
+        f"({dims!r}) for the entries of a TensorDict output of batch_size [...] inside "
+        "vmap; its entries share its batch dims, so give one out_dim for the whole "
+        "TensorDict (per-entry out_dims fit a TensorDict of batch_size [])."
     )
 
 
-def _place(out: Any, dims: Any, path: tuple, name: str) -> Any:
-    """Move the mapped dim (at 0 after torch.func.vmap) to where ``dims`` says."""
-    if dims is None or (dims == 0 and _is_dim(dims)):
+def _place(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
+    """Move the mapped dim (at 0 after torch.func.vmap) to where ``dims`` says, and turn
+    the dicts that stood for TensorDicts (``converted``) back into TensorDicts."""
+    if dims is None or (_is_dim(dims) and dims == 0):
         return out
     if isinstance(dims, Mapping | TensorDict):
         if isinstance(out, TensorDict):
-            return _place(out, _uniform(dims, path, name), path, name)
-        return {k: _place(v, dims[k], (*path, k), name) for k, v in out.items()}
+            return _place(out, _uniform(dims, path, name), path, name, converted)
+        data = {k: _place(v, dims[k], (*path, k), name, converted) for k, v in out.items()}
+        return _new(data, torch.Size()) if path in converted else data
     if isinstance(dims, tuple | list):
-        return type(out)(_place(v, d, (*path, i), name) for i, (v, d) in enumerate(zip(out, dims)))
+        return type(out)(
+            _place(v, d, (*path, i), name, converted) for i, (v, d) in enumerate(zip(out, dims))
+        )
     d = dims
     if isinstance(out, TensorDict):
         nb = len(out._batch_size)  # includes the mapped dim, now in front
@@ -320,9 +353,9 @@ def _place(out: Any, dims: Any, path: tuple, name: str) -> Any:
     if isinstance(out, torch.Tensor):
         return torch.movedim(out, 0, d)
     if isinstance(out, tuple | list):
-        return type(out)(_place(v, d, (*path, i), name) for i, v in enumerate(out))
+        return type(out)(_place(v, d, (*path, i), name, converted) for i, v in enumerate(out))
     if isinstance(out, dict):
-        return {k: _place(v, d, (*path, k), name) for k, v in out.items()}
+        return {k: _place(v, d, (*path, k), name, converted) for k, v in out.items()}
     return out
 
 
@@ -399,14 +432,18 @@ def vmap(
     """
     name = _name(f)
     torch_out = _zeroed(out_dims, name)
-    moved = not (out_dims == 0 and _is_dim(out_dims))
+    moved = not (_is_dim(out_dims) and out_dims == 0)
+    mixed = _mixed(out_dims)
 
     @functools.wraps(f)
     def mapped(*args: Any, **kwargs: Any) -> Any:
         flat, dims, spec = _leaves(name, args, in_dims)
 
+        converted: set = set()
+
         def flat_f(*leaves: Any) -> Any:
-            return f(*torch_pytree.tree_unflatten(list(leaves), spec), **kwargs)
+            out = f(*torch_pytree.tree_unflatten(list(leaves), spec), **kwargs)
+            return _plain(out, out_dims, (), name, converted) if mixed else out
 
         try:
             out = torch.func.vmap(
@@ -421,6 +458,6 @@ def vmap(
             if new is None:
                 raise
             raise new from e
-        return _place(out, out_dims, (), name) if moved else out
+        return _place(out, out_dims, (), name, converted) if moved else out
 
     return mapped
