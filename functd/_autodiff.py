@@ -161,9 +161,8 @@ def _check_like(where: str, got: Any, like: Any, what: str, like_what: str) -> N
                 else f"a {type(g).__name__}"
             )
             raise ValueError(
-                f"{where}: the {what} at {_path_str('', p) or 'the root'} has {got_s} but the "
-                f"{like_what} there has shape {list(v.shape)} and dtype {v.dtype}; they must "
-                "match."
+                f"{where}: {_path_str(what, p)} has {got_s} but {_path_str(like_what, p)} has "
+                f"shape {list(v.shape)} and dtype {v.dtype}; they must match."
             )
 
 
