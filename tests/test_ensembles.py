@@ -192,7 +192,7 @@ def dropout_block():
 
 
 def test_dropout_ensemble_each_member_its_own_key():
-    block, seq = dropout_block()
+    block, _seq = dropout_block()
     assert block.random
     ens = fd.vmap(block.init)(fd.random.split(fd.random.key(1), N))
     keys = fd.random.split(fd.random.key(2), N)
@@ -219,7 +219,7 @@ def test_dropout_ensemble_each_member_its_own_key():
 
 
 def test_dropout_ensemble_in_eval_mode_matches_nn():
-    block, seq = dropout_block()
+    _block, seq = dropout_block()
     seq.eval()
     eval_block = fd.Sequential(
         *[
