@@ -303,3 +303,29 @@ def test_random_per_entry_in_dims_over_a_container(a, b, data):
     assert_close(out["s"], fd.stack([p["s"] for p in parts]), atol=1e-5, rtol=1e-5)
     other = "b" if which == "a" else "a"
     assert_close(out[other], box[other])
+
+
+# ------------------------------------------------------------------ compile
+@pytest.mark.compile
+def test_compile_fullgraph_of_fd_vmap_grad_and_out_dims():
+    from torch._dynamo.utils import counters
+
+    block = fd.Sequential(
+        fd.Module(torch.nn.Linear(3, 8), ["x"], ["h"]), fd.Module(torch.tanh, ["h"], ["y"])
+    )
+    ens = fd.vmap(block.init)(fd.random.split(fd.random.key(0), 4))
+    td = fd.TensorDict({"x": torch.randn(5, 3)}, [5])
+
+    def loss(p, t):
+        return block(p, t)["y"].pow(2).mean()
+
+    for f, args in [
+        (fd.vmap(block, in_dims=(0, None), out_dims=1), (ens, td)),
+        (fd.vmap(fd.grad(loss), in_dims=(0, None)), (ens, td)),
+    ]:
+        torch._dynamo.reset()
+        counters.clear()
+        out = torch.compile(f, fullgraph=True, backend="eager")(*args)
+        assert_close(out, f(*args))
+        assert not counters["graph_break"]
+        assert counters["stats"]["unique_graphs"] == 1
