@@ -8,9 +8,12 @@ every member's weights). Eager and torch.compile'd (inductor), one run.
 Targets (issue 5): functd <= 1.1x stack_module_state at every size, never
 slower than the loop, and compiled functd ahead of both eager peers.
 
-Run: .venv/bin/python benchmarks/ensemble.py   (BENCH_COMPILE=0 skips compiling,
-BENCH_QUICK=1 only measures 4 and 64 members, BENCH_ROUNDS=3 interleaved rounds,
-each version's best median is kept)
+Run: .venv/bin/python benchmarks/ensemble.py. It takes about 3 minutes of CPU
+time, most of it inductor compiling 12 graphs; BENCH_COMPILE=0 skips compiling
+(~20 s), BENCH_QUICK=1 only measures 4 and 64 members. The versions are measured
+in BENCH_ROUNDS=5 interleaved rounds of BENCH_MIN_RUN_TIME=0.1 s each and each
+version keeps its best median: on a shared machine the load changes by the
+minute, and a single long measurement per version compares different loads.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ import functd as fd
 COMPILE = os.environ.get("BENCH_COMPILE", "1") == "1"
 SIZES = (4, 64) if os.environ.get("BENCH_QUICK", "0") == "1" else (4, 16, 64)
 BATCH = 64
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
+RUN_TIME = float(os.environ.get("BENCH_MIN_RUN_TIME", "0.1"))  # per measurement and round
 
 
 class ResidualBlock(nn.Module):
@@ -153,8 +157,8 @@ def main():
         for n, fns in all_cases.items():
             for name, (fwd, bwd) in fns.items():
                 with torch.no_grad():
-                    t_fwd = median_us(fwd)
-                t_bwd = median_us(bwd)
+                    t_fwd = median_us(fwd, RUN_TIME)
+                t_bwd = median_us(bwd, RUN_TIME)
                 old = results.get((name, n), (float("inf"), float("inf")))
                 results[(name, n)] = (min(old[0], t_fwd), min(old[1], t_bwd))
     rows = []
