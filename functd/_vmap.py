@@ -262,7 +262,8 @@ def _zeroed(dims: Any, name: str) -> Any:
     if _is_dim(dims):
         return 0
     if isinstance(dims, tuple | list):
-        return type(dims)(_zeroed(d, name) for d in dims)
+        z = type(dims)(_zeroed(d, name) for d in dims)
+        return z[0] if len(z) == 1 and _is_dim(z[0]) else z  # (d,): also for one output
     if isinstance(dims, Mapping | TensorDict):
         items = dims._data.items() if isinstance(dims, TensorDict) else dims.items()
         z = {k: _zeroed(d, name) for k, d in items}
@@ -336,6 +337,8 @@ def _place(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
         data = {k: _place(v, dims[k], (*path, k), name, converted) for k, v in out.items()}
         return _new(data, torch.Size()) if path in converted else data
     if isinstance(dims, tuple | list):
+        if not isinstance(out, tuple | list) and len(dims) == 1:  # torch: (d,) for one output
+            return _place(out, dims[0], path, name, converted)
         return type(out)(
             _place(v, d, (*path, i), name, converted) for i, (v, d) in enumerate(zip(out, dims))
         )

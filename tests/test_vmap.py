@@ -82,6 +82,14 @@ def test_out_dims_tuple_with_none_and_tensor():
     assert_close(c, w * 2)
 
 
+def test_out_dims_one_tuple_for_a_single_output():
+    td = make()
+    out = fd.vmap(stat, out_dims=(1,))(td)
+    assert out.batch_size == torch.Size([5, 4])
+    x = torch.randn(4, 3)
+    assert_close(fd.vmap(torch.sin, out_dims=(1,))(x), torch.vmap(torch.sin, out_dims=(1,))(x))
+
+
 def test_out_dims_dict_for_dict_and_tensordict_outputs():
     td = make()
     out = fd.vmap(
