@@ -65,8 +65,14 @@ def _path_str(root: str, path: tuple) -> str:
     return root + torch_pytree.keystr(path)
 
 
+def _differentiable(leaf: Any) -> bool:
+    return isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex())
+
+
 def _check_diff_inputs(where: str, args: tuple, nums: tuple[int, ...]) -> None:
     for i in nums:
+        if all(map(_differentiable, torch_pytree.tree_leaves(args[i]))):
+            continue  # the common case: no paths needed
         paths, leaves, _ = _paths(args[i])
         for p, leaf in zip(paths, leaves):
             at = _path_str(f"args[{i}]", p)
