@@ -105,7 +105,7 @@ def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> None:
             if dims is not None and dims < 0:  # counts from the last batch dim
                 nb = len(value._batch_size)
                 if dims + nb < 0:
-                    _raise_not_batch(name, path, value, dims, out, start)
+                    _raise_not_batch(name, path, value, dims)
                 dims = dims + nb
             for k in sorted(data):
                 _walk(name, data[k], dims, (*path, k), out)
@@ -167,13 +167,15 @@ def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> None:
             out.append(_Leaf(sub, leaf, dims))
 
 
-def _raise_not_batch(name, path, td, dim, leaves, start):
+def _raise_not_batch(name: str, path: tuple, td: TensorDict, dim: int):
     bs = list(td._batch_size)
     entry = next(iter(td.items(True, True)), None)
-    ex = f" (entry {fmt_path((*path, *_as_tuple(entry[0])))} has shape {list(entry[1].shape)})"
+    ex = ""
+    if entry is not None:
+        ex = f" (entry {fmt_path((*path, *_as_tuple(entry[0])))} has shape {list(entry[1].shape)})"
     raise ValueError(
         f"fd.vmap({name}): in_dims maps dim {dim} of the TensorDict at {fmt_path(path)}, which "
-        f"has batch_size {bs}: only batch dims can be mapped{ex if entry else ''}. Choose a dim "
+        f"has batch_size {bs}: only batch dims can be mapped{ex}. Choose a dim "
         f"in [{-len(bs)}, {len(bs) - 1}], or None."
     )
 

@@ -187,6 +187,11 @@ def test_error_dim_the_tensordict_lacks_names_key_and_shape():
     ):
         fd.vmap(stat, in_dims=-2)(td)
     unchanged(before, td)
+    with pytest.raises(
+        ValueError,
+        match=r"dim -2 of the TensorDict at args\[0\]\['e'\], which has batch_size \[4\]",
+    ):
+        fd.vmap(stat, in_dims=({"x": 0, "obs": 0, "e": -2},))(td.set("e", fd.TensorDict({}, [4])))
 
 
 def test_error_in_dims_tree_mismatch_names_key_path():
