@@ -11,6 +11,13 @@ from . import _tree
 from . import nn as nn
 from . import random as random
 from . import testing as testing
+from ._autodiff import grad as grad
+from ._autodiff import hessian as hessian
+from ._autodiff import jacfwd as jacfwd
+from ._autodiff import jacrev as jacrev
+from ._autodiff import jvp as jvp
+from ._autodiff import value_and_grad as value_and_grad
+from ._autodiff import vjp as vjp
 from ._cuda_graph import CudaGraphWarning as CudaGraphWarning
 from ._cuda_graph import cuda_graph as cuda_graph
 from ._io import load as load
@@ -22,8 +29,11 @@ from ._sequential import Sequential as Sequential
 from ._shape import cat as cat
 from ._shape import stack as stack
 from ._shape import unbind as unbind
+from ._shape import unstack as unstack
 from ._td import TensorDict as TensorDict
 from ._tree import tree as tree
+from ._vmap import TransformError as TransformError
+from ._vmap import vmap as vmap
 
 __version__ = "0.1.0"
 

@@ -19,7 +19,17 @@ import torch
 from . import _errors as E
 from ._td import TensorDict, _new
 
-__all__ = ["cat", "expand", "index", "reshape", "squeeze", "stack", "unbind", "unsqueeze"]
+__all__ = [
+    "cat",
+    "expand",
+    "index",
+    "reshape",
+    "squeeze",
+    "stack",
+    "unbind",
+    "unsqueeze",
+    "unstack",
+]
 
 
 def _normalize_index(idx: Any, bs: torch.Size) -> tuple:
@@ -315,3 +325,28 @@ def expand(td: TensorDict, *shape: int) -> TensorDict:
         new.append(s)
     new_bs = torch.Size(new)
     return _map_batch(td, lambda x, f: x.expand((*new_bs, *f)), new_bs)
+
+
+def unstack(td: TensorDict) -> tuple[TensorDict, ...]:
+    """Split an ensemble (or any stack) along batch dim 0: the inverse of ``fd.stack``.
+
+    Raises:
+        TypeError: ``td`` is not a TensorDict.
+        ValueError: ``td`` has no batch dim (``batch_size=[]``): there is nothing to split.
+
+    Example:
+        >>> members = fd.unstack(fd.stack([p0, p1, p2]))   # (p0, p1, p2), as values
+        >>> len(members)
+        3
+    """
+    if not isinstance(td, TensorDict):
+        raise TypeError(
+            f"unstack takes a TensorDict (e.g. stacked params); got {type(td).__name__}"
+        )
+    if not td._batch_size:
+        raise ValueError(
+            "unstack: the TensorDict has batch_size [], so there is no member dim to split. "
+            "An ensemble made by fd.stack(params_list) or fd.vmap(m.init)(keys) has its members "
+            "in batch dim 0."
+        )
+    return unbind(td, 0)

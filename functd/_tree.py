@@ -129,12 +129,12 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
         v = values[0]
         if type(v) is _Tensor or isinstance(v, torch.Tensor):
             shape = v.shape
-            return _new(dict(zip(spec.keys, values)), shape[: len(shape) - spec.ranks[0]])
+            return _new(dict(zip(spec.keys, values)), shape[: max(len(shape) - spec.ranks[0], 0)])
     values = list(values)
     for v, rank, full in zip(values, spec.ranks, spec.full):
         if full and isinstance(v, torch.Tensor | TensorDict):
             shape = v.shape if isinstance(v, torch.Tensor) else v._batch_size
-            bs = shape[: len(shape) - rank]
+            bs = shape[: max(len(shape) - rank, 0)]  # a leaf mapped by vmap in a [] td
             break
     else:  # no tensor among the leaves (a tree of ints, None, empty TensorDicts...)
         return _new(dict(zip(spec.keys, values)), torch.Size(spec.batch_size or ()))

@@ -1,0 +1,468 @@
+"""``fd.vmap``: ``torch.func.vmap`` that knows TensorDicts.
+
+The transform is thin: split the arguments into tensor leaves and structure,
+give every leaf its own in_dim (from an ``in_dims`` prefix tree that may name
+TensorDict entries), check that the mapping keeps every TensorDict valid (and
+name the path when it does not), call ``torch.func.vmap`` on a function of the
+flat leaves, and put the mapped dim of each output where ``out_dims`` asks.
+
+Example:
+    >>> ens = fd.stack([block.init(k) for k in fd.random.split(fd.random.key(0), 4)])
+    >>> out = fd.vmap(block, in_dims=(0, None))(ens, td)   # 4 members, same data
+    >>> out.batch_size                                      # [4, *td.batch_size]
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.utils._pytree as torch_pytree
+
+from ._td import TensorDict, _new
+
+__all__ = ["vmap"]
+
+# torch.func's messages we translate (matched on these fixed phrases only)
+_TORCH_CONTROL_FLOW = "data-dependent control flow"
+_TORCH_ITEM = "calling .item() on a Tensor"
+_TORCH_RANDOM = "randomness error mode"
+
+CONTROL_FLOW = (
+    "fd.vmap({name}): the function branches on the value of a mapped tensor "
+    "(`if x > 0`, `while`, `bool(x)`, `.item()`, `int(x)`), which has a different value "
+    "for each element of the batch. Compute both branches and select with "
+    "torch.where(cond, a, b) (or masks: x * mask, torch.clamp, torch.maximum); for loops "
+    "run a fixed number of steps and mask the finished ones. If the tensor is not meant "
+    "to be mapped, give it in_dims=None. (torch.func: {torch_msg})"
+)
+RANDOM = (
+    "fd.vmap({name}): the function drew random numbers from torch's global generator "
+    "(torch.randn, torch.rand, nn.Dropout...). In functd randomness comes from keys: "
+    "pass a key per element as an input, e.g. fd.vmap(f)(fd.random.split(key, n), ...), "
+    "and draw with fd.random.normal(key, shape) or call modules with key=. "
+    "(torch.func: {torch_msg})"
+)
+
+
+class TransformError(RuntimeError):
+    """A torch.func error rewritten by functd (what failed and what to use instead)."""
+
+
+class _Leaf:
+    """One tensor (or other leaf) of the arguments, with its path and in_dim."""
+
+    __slots__ = ("dim", "path", "value")
+
+    def __init__(self, path: tuple, value: Any, dim: int | None) -> None:
+        self.path, self.value, self.dim = path, value, dim
+
+
+def fmt_path(path: tuple, root: str = "args") -> str:
+    """``('0', 'obs', 'pos')`` -> ``args[0]['obs']['pos']``."""
+    return root + "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in path)
+
+
+def _is_dim(d: Any) -> bool:
+    return d is None or (isinstance(d, int) and not isinstance(d, bool))
+
+
+def _dim_type_error(name: str, where: str, path: tuple, dims: Any, value: Any) -> TypeError:
+    what = type(value).__name__
+    return TypeError(
+        f"fd.vmap({name}): {where} at {fmt_path(path)} is {dims!r} but the input there is a "
+        f"{what}; give an int (the dim to map), None (not mapped), or, for a TensorDict or "
+        "dict, a dict with the same keys (e.g. {'params': 0, 'td': None})."
+    )
+
+
+def _mapping_dims(name: str, path: tuple, dims: Any, keys: Any, what: str) -> Mapping:
+    if isinstance(dims, TensorDict):
+        dims = dims._data
+    got, want = set(dims), set(keys)
+    if got != want:
+        raise ValueError(
+            f"fd.vmap({name}): in_dims at {fmt_path(path)} does not match the {what} there: "
+            f"in_dims has keys {sorted(got, key=str)} but the input has "
+            f"{sorted(want, key=str)} (missing {sorted(want - got, key=str)}, unexpected "
+            f"{sorted(got - want, key=str)}). Give one entry per key, or one int/None for all."
+        )
+    return dims
+
+
+def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> None:
+    """Append a _Leaf per leaf of ``value`` (in torch's pytree order) with its in_dim."""
+    if isinstance(value, TensorDict):
+        start = len(out)
+        data = value._data
+        if isinstance(dims, Mapping | TensorDict):
+            dims = _mapping_dims(name, path, dims, data, "TensorDict")
+            for k in sorted(data):
+                _walk(name, data[k], dims[k], (*path, k), out)
+        elif _is_dim(dims):
+            if dims is not None and dims < 0:  # counts from the last batch dim
+                nb = len(value._batch_size)
+                if dims + nb < 0:
+                    _raise_not_batch(name, path, value, dims)
+                dims = dims + nb
+            for k in sorted(data):
+                _walk(name, data[k], dims, (*path, k), out)
+        else:
+            raise _dim_type_error(name, "in_dims", path, dims, value)
+        _check_td(name, path, value, out[start:])
+    elif isinstance(value, torch.Tensor):
+        if not _is_dim(dims):
+            raise _dim_type_error(name, "in_dims", path, dims, value)
+        if dims is not None:
+            d = dims + value.ndim if dims < 0 else dims
+            if not 0 <= d < value.ndim:
+                raise ValueError(
+                    f"fd.vmap({name}): in_dims maps dim {dims} of {fmt_path(path)}, a tensor of "
+                    f"shape {list(value.shape)} ({value.ndim} dims); choose a dim in "
+                    f"[{-value.ndim}, {value.ndim - 1}] or None."
+                )
+            dims = d
+        out.append(_Leaf(path, value, dims))
+    elif value is None:
+        return  # no leaves (torch's pytree treats None as an empty node)
+    elif type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        if _is_dim(dims):
+            for i, v in enumerate(value):
+                _walk(name, v, dims, (*path, i), out)
+        elif isinstance(dims, list | tuple) and len(dims) == len(value):
+            for i, (v, d) in enumerate(zip(value, dims)):
+                _walk(name, v, d, (*path, i), out)
+        else:
+            n = len(dims) if isinstance(dims, list | tuple) else None
+            raise ValueError(
+                f"fd.vmap({name}): in_dims at {fmt_path(path)} is {dims!r}"
+                + (f" ({n} entries)" if n is not None else "")
+                + f" but the input there is a {type(value).__name__} of {len(value)}; give one "
+                "int/None for all of it or a tuple with one entry per element."
+            )
+    elif type(value) is dict:
+        if isinstance(dims, Mapping | TensorDict):
+            dims = _mapping_dims(name, path, dims, value, "dict")
+            for k, v in value.items():
+                _walk(name, v, dims[k], (*path, k), out)
+        elif _is_dim(dims):
+            for k, v in value.items():
+                _walk(name, v, dims, (*path, k), out)
+        else:
+            raise _dim_type_error(name, "in_dims", path, dims, value)
+    else:  # other pytree nodes (flattened by torch) and plain leaves
+        leaves = torch_pytree.tree_leaves(value)
+        if not _is_dim(dims):
+            raise _dim_type_error(name, "in_dims", path, dims, value)
+        for i, leaf in enumerate(leaves):
+            sub = path if len(leaves) == 1 and leaf is value else (*path, i)
+            if dims is not None and not isinstance(leaf, torch.Tensor):
+                raise TypeError(
+                    f"fd.vmap({name}): {fmt_path(sub)} is a {type(leaf).__name__}, not a tensor, "
+                    f"so it cannot be mapped (in_dims {dims}); give it in_dims=None, e.g. "
+                    "in_dims=(0, None), or pass it as a keyword argument (never mapped)."
+                )
+            out.append(_Leaf(sub, leaf, dims))
+
+
+def _raise_not_batch(name: str, path: tuple, td: TensorDict, dim: int):
+    bs = list(td._batch_size)
+    entry = next(iter(td.items(True, True)), None)
+    ex = ""
+    if entry is not None:
+        ex = f" (entry {fmt_path((*path, *_as_tuple(entry[0])))} has shape {list(entry[1].shape)})"
+    raise ValueError(
+        f"fd.vmap({name}): in_dims maps dim {dim} of the TensorDict at {fmt_path(path)}, which "
+        f"has batch_size {bs}: only batch dims can be mapped{ex}. Choose a dim "
+        f"in [{-len(bs)}, {len(bs) - 1}], or None."
+    )
+
+
+def _as_tuple(k) -> tuple:
+    return k if isinstance(k, tuple) else (k,)
+
+
+def _check_td(name: str, path: tuple, td: TensorDict, leaves: list[_Leaf]) -> None:
+    """Inside vmap each TensorDict must stay valid: entries share its batch dims, so all
+    of them are mapped over the same batch dim, or none is (a TensorDict with
+    batch_size [] may hold independently mapped entries, e.g. {'params': 0, 'td': None})."""
+    k = len(td._batch_size)
+    if k == 0 or not leaves:
+        return
+    first = leaves[0]
+    for leaf in leaves:
+        if leaf.dim is not None and leaf.dim >= k:
+            raise ValueError(
+                f"fd.vmap({name}): in_dims maps dim {leaf.dim} of {fmt_path(leaf.path)} (shape "
+                f"{list(leaf.value.shape)}), but the TensorDict at {fmt_path(path)} has "
+                f"batch_size {list(td._batch_size)}, so dim {leaf.dim} is not one of its batch "
+                f"dims: only batch dims can be mapped. Choose a dim in [0, {k - 1}], or move "
+                f"the dim into the batch first (e.g. td.apply(lambda x: x.movedim({leaf.dim}, 0), "
+                f"batch_size=[...]))."
+            )
+        if leaf.dim != first.dim:
+            raise ValueError(
+                f"fd.vmap({name}): entries of the TensorDict at {fmt_path(path)} (batch_size "
+                f"{list(td._batch_size)}) are mapped differently: {fmt_path(first.path)} over "
+                f"dim {first.dim} but {fmt_path(leaf.path)} over dim {leaf.dim}. The entries of "
+                "a TensorDict share its batch dims: map all of them over the same batch dim, or "
+                "none (None). To map entries independently, put them in separate TensorDicts "
+                "(e.g. a batch_size-[] TensorDict {'params': ens, 'data': td} with in_dims "
+                "{'params': 0, 'data': None})."
+            )
+
+
+def _leaves(name: str, args: tuple, in_dims: Any) -> tuple[list, list, Any]:
+    if _is_dim(in_dims):
+        dims: Any = in_dims
+    elif isinstance(in_dims, tuple | list):
+        if len(in_dims) != len(args):
+            raise ValueError(
+                f"fd.vmap({name}): in_dims has {len(in_dims)} entries but the function was "
+                f"called with {len(args)} positional argument(s); give one in_dim per argument "
+                "(or one int/None for all)."
+            )
+        dims = tuple(in_dims)
+    else:
+        raise TypeError(
+            f"fd.vmap({name}): in_dims must be an int, None, or a tuple with one entry per "
+            f"positional argument; got a {type(in_dims).__name__}. (For one TensorDict "
+            "argument write in_dims=({'a': 0, 'b': None},).)"
+        )
+    found: list[_Leaf] = []
+    _walk(name, args, dims, (), found)
+    flat, spec = torch_pytree.tree_flatten(args)
+    if len(flat) != len(found) or any(a is not b.value for a, b in zip(flat, found)):
+        raise AssertionError(f"fd.vmap({name}): internal error, leaves out of order")
+    mapped = [leaf for leaf in found if leaf.dim is not None]
+    if not mapped:
+        raise ValueError(
+            f"fd.vmap({name}): in_dims={in_dims!r} maps no tensor of the inputs; at least one "
+            "input must be mapped (an int in_dims for a tensor or TensorDict argument)."
+        )
+    size = mapped[0].value.shape[mapped[0].dim]
+    for leaf in mapped[1:]:
+        if leaf.value.shape[leaf.dim] != size:
+            a = mapped[0]
+            raise ValueError(
+                f"fd.vmap({name}): the mapped dims have different sizes: {fmt_path(a.path)} has "
+                f"size {size} in dim {a.dim} (shape {list(a.value.shape)}) but "
+                f"{fmt_path(leaf.path)} has size {leaf.value.shape[leaf.dim]} in dim {leaf.dim} "
+                f"(shape {list(leaf.value.shape)}). Every mapped input needs the same size."
+            )
+    return flat, [leaf.dim for leaf in found], spec
+
+
+# ------------------------------------------------------------------ out_dims
+def _zeroed(dims: Any, name: str) -> Any:
+    """What torch.func.vmap gets as out_dims: every int is 0 (the dim is moved afterwards)
+    and mappings that say the same thing for every entry collapse to that value."""
+    if dims is None:
+        return None
+    if _is_dim(dims):
+        return 0
+    if isinstance(dims, tuple | list):
+        z = type(dims)(_zeroed(d, name) for d in dims)
+        return z[0] if len(z) == 1 and _is_dim(z[0]) else z  # (d,): also for one output
+    if isinstance(dims, Mapping | TensorDict):
+        items = dims._data.items() if isinstance(dims, TensorDict) else dims.items()
+        z = {k: _zeroed(d, name) for k, d in items}
+        vals = list(z.values())
+        if vals and all(_is_dim(v) and v == vals[0] for v in vals):
+            return vals[0]
+        return z  # per entry: a TensorDict output there is passed as a dict (see _plain)
+    raise TypeError(
+        f"fd.vmap({name}): out_dims must be an int, None, or a tuple/dict of them; got "
+        f"{type(dims).__name__}."
+    )
+
+
+def _mixed(dims: Any) -> bool:
+    """True when a mapping in ``dims`` gives its entries different out_dims."""
+    if isinstance(dims, tuple | list):
+        return any(_mixed(d) for d in dims)
+    if isinstance(dims, Mapping | TensorDict):
+        return not _is_dim(_zeroed(dims, ""))
+    return False
+
+
+def _plain(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
+    """Inside vmap: give torch a dict for each TensorDict output whose entries get
+    different out_dims (only valid for batch_size [], where entries are independent)."""
+    if isinstance(dims, tuple | list) and isinstance(out, tuple | list):
+        return type(out)(
+            _plain(v, d, (*path, i), name, converted) for i, (v, d) in enumerate(zip(out, dims))
+        )
+    if not isinstance(dims, Mapping | TensorDict) or not _mixed(dims):
+        return out
+    if isinstance(out, TensorDict):
+        if out._batch_size:
+            _uniform(dims, path, name)  # raises: entries share the batch dims
+        converted.add(path)
+        out = out._data
+    if isinstance(out, dict):
+        if set(out) != set(dims.keys()):
+            raise ValueError(
+                f"fd.vmap({name}): out_dims at {fmt_path(path, 'output')} has keys "
+                f"{sorted(dims.keys(), key=str)} but the output there has {sorted(out, key=str)}."
+            )
+        return {k: _plain(v, dims[k], (*path, k), name, converted) for k, v in out.items()}
+    return out
+
+
+def _uniform(dims: Any, path: tuple, name: str) -> Any:
+    """A mapping given for a TensorDict output must say one thing for all its entries."""
+    items = dims._data.items() if isinstance(dims, TensorDict) else dims.items()
+    vals = []
+    for _, d in items:
+        vals.append(_uniform(d, path, name) if isinstance(d, Mapping | TensorDict) else d)
+    if vals and all(_is_dim(v) and v == vals[0] for v in vals):
+        return vals[0]
+    raise ValueError(
+        f"fd.vmap({name}): out_dims at {fmt_path(path, 'output')} gives different dims "
+        f"({dims!r}) for the entries of a TensorDict output of batch_size [...] inside "
+        "vmap; its entries share its batch dims, so give one out_dim for the whole "
+        "TensorDict (per-entry out_dims fit a TensorDict of batch_size [])."
+    )
+
+
+def _place(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
+    """Move the mapped dim (at 0 after torch.func.vmap) to where ``dims`` says, and turn
+    the dicts that stood for TensorDicts (``converted``) back into TensorDicts."""
+    if dims is None or (_is_dim(dims) and dims == 0):
+        return out
+    if isinstance(dims, Mapping | TensorDict):
+        if isinstance(out, TensorDict):
+            return _place(out, _uniform(dims, path, name), path, name, converted)
+        data = {k: _place(v, dims[k], (*path, k), name, converted) for k, v in out.items()}
+        return _new(data, torch.Size()) if path in converted else data
+    if isinstance(dims, tuple | list):
+        if not isinstance(out, tuple | list) and len(dims) == 1:  # torch: (d,) for one output
+            return _place(out, dims[0], path, name, converted)
+        return type(out)(
+            _place(v, d, (*path, i), name, converted) for i, (v, d) in enumerate(zip(out, dims))
+        )
+    d = dims
+    if isinstance(out, TensorDict):
+        nb = len(out._batch_size)  # includes the mapped dim, now in front
+        if not -nb <= d < nb:
+            raise ValueError(
+                f"fd.vmap({name}): out_dims {d} at {fmt_path(path, 'output')} is not a batch dim "
+                f"of the TensorDict returned there, which has {nb - 1} batch dim(s) inside vmap "
+                f"(batch_size {list(out._batch_size[1:])}); choose an out_dim in [{-nb}, "
+                f"{nb - 1}] so that the mapped dim becomes a batch dim."
+            )
+        return _move_td(out, d % nb)
+    if isinstance(out, torch.Tensor):
+        return torch.movedim(out, 0, d)
+    if isinstance(out, tuple | list):
+        return type(out)(_place(v, d, (*path, i), name, converted) for i, v in enumerate(out))
+    if isinstance(out, dict):
+        return {k: _place(v, d, (*path, k), name, converted) for k, v in out.items()}
+    return out
+
+
+def _move_td(td: TensorDict, d: int) -> TensorDict:
+    bs = td._batch_size
+    data = {}
+    for k, v in td._data.items():
+        data[k] = _move_td(v, d) if isinstance(v, TensorDict) else torch.movedim(v, 0, d)
+    return _new(data, torch.Size((*bs[1 : d + 1], bs[0], *bs[d + 1 :])))
+
+
+# ------------------------------------------------------------------ vmap
+def _name(f: Callable) -> str:
+    return getattr(f, "__name__", None) or type(f).__name__
+
+
+def _translate(e: RuntimeError, name: str) -> Exception | None:
+    msg = str(e)
+    if isinstance(e, TransformError):  # already ours (a nested fd transform)
+        return None
+    if _TORCH_CONTROL_FLOW in msg or _TORCH_ITEM in msg:
+        return TransformError(CONTROL_FLOW.format(name=name, torch_msg=msg))
+    if _TORCH_RANDOM in msg:
+        return TransformError(RANDOM.format(name=name, torch_msg=msg))
+    return None
+
+
+def vmap(
+    f: Callable,
+    in_dims: Any = 0,
+    out_dims: Any = 0,
+    randomness: str = "error",
+    *,
+    chunk_size: int | None = None,
+) -> Callable:
+    """Vectorise ``f`` over a dim of its inputs: ``torch.func.vmap`` that knows TensorDicts.
+
+    Inside ``f`` a mapped TensorDict has the batch size without the mapped dim;
+    the outputs get it back (at ``out_dims``).
+
+    Args:
+        f: the function to map; any pytrees of tensors in and out.
+        in_dims: for each positional argument, the dim to map (an int), None
+            (not mapped), or for a TensorDict/dict argument a dict (or a
+            TensorDict of ints/None) with one entry per key, at any depth:
+            ``in_dims=({"params": 0, "td": None},)``. An int given to a
+            TensorDict maps that batch dim of every entry; negative ints count
+            from its last batch dim. Keyword arguments are never mapped.
+        out_dims: where the mapped dim goes in each output: an int, None, or a
+            tuple/dict prefix of the outputs. For a TensorDict output it must
+            be a batch dim (``0`` to ``len(batch_size)`` inside).
+        randomness: as ``torch.func.vmap``. Keep ``"error"``: in functd
+            randomness comes from ``fd.random`` keys given as inputs.
+        chunk_size: map this many elements at a time (less memory).
+
+    Returns:
+        The mapped function (it keeps ``f``'s ``__name__``, ``__doc__`` and
+        signature through ``__wrapped__``).
+
+    Raises:
+        ValueError: an in_dim is not a batch dim of the TensorDict holding it
+            (names the key and its shape), in_dims do not match the inputs
+            (names the path), the mapped sizes differ, entries of one
+            TensorDict are mapped differently, or an out_dim is not a batch
+            dim of a TensorDict output.
+        TypeError: in_dims or out_dims have a wrong type somewhere.
+        RuntimeError: ``f`` branches on a mapped value (use ``torch.where``)
+            or draws from torch's global generator (use ``fd.random`` keys).
+
+    Example:
+        >>> ens = fd.vmap(block.init)(fd.random.split(fd.random.key(0), 8))
+        >>> out = fd.vmap(block, in_dims=(0, None))(ens, td)       # shared data
+        >>> out = fd.vmap(block, in_dims=(0, 0))(ens, td_per_member)
+    """
+    name = _name(f)
+    torch_out = _zeroed(out_dims, name)
+    moved = not (_is_dim(out_dims) and out_dims == 0)
+    mixed = _mixed(out_dims)
+
+    @functools.wraps(f)
+    def mapped(*args: Any, **kwargs: Any) -> Any:
+        flat, dims, spec = _leaves(name, args, in_dims)
+
+        converted: set = set()
+
+        def flat_f(*leaves: Any) -> Any:
+            out = f(*torch_pytree.tree_unflatten(list(leaves), spec), **kwargs)
+            return _plain(out, out_dims, (), name, converted) if mixed else out
+
+        try:
+            out = torch.func.vmap(
+                flat_f,
+                in_dims=tuple(dims),
+                out_dims=torch_out,
+                randomness=randomness,
+                chunk_size=chunk_size,
+            )(*flat)
+        except RuntimeError as e:
+            new = _translate(e, name)
+            if new is None:
+                raise
+            raise new from e
+        return _place(out, out_dims, (), name, converted) if moved else out
+
+    return mapped
