@@ -119,3 +119,17 @@ def params_for(module, key=0, dtype=torch.float32):
     except NotImplementedError:
         p = fd.from_module(module)
         return p.apply(lambda v: v.to(dtype) if v.is_floating_point() else v)
+
+
+def call(module, params, td, key=None):
+    """Call an entry's module the way its kind needs: with ``key`` when it is random,
+    through ``apply_with_state`` (returning ``(td, new_state)``) when it is stateful."""
+    key = key if module.random else None
+    if getattr(module, "stateful", False):
+        return module.apply_with_state(params, td, key=key)
+    return module(params, td, key=key) if key is not None else module(params, td)
+
+
+def output(result):
+    """The output td of ``call`` (drops a stateful module's new state)."""
+    return result[0] if isinstance(result, tuple) else result

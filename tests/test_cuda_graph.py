@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from conformance import ENTRIES, params_for
+from conformance import ENTRIES, call, params_for
 
 import functd as fd
 from functd._cuda_graph import signature
@@ -411,14 +411,14 @@ def test_cuda_graph_every_registry_entry(name):
     params = params_for(m).apply(lambda v: v.detach()).to("cuda")
     key = fd.random.key(7).cuda()
 
-    def call(p, td, key):
-        return m(p, td, key=key) if m.random else m(p, td)
+    def caller(p, td, key):
+        return call(m, p, td, key)
 
-    step = fd.cuda_graph(call, warmup=1)
+    step = fd.cuda_graph(caller, warmup=1)
     for i in range(3):  # warm-up, recording, replay: each with new values
         td = e.example().to("cuda")
         td = td.apply(lambda v, i=i: v + i if v.is_floating_point() else v)
-        assert_close(step(params, td, key), call(params, td, key), rtol=1e-5, atol=1e-6)
+        assert_close(step(params, td, key), caller(params, td, key), rtol=1e-5, atol=1e-6)
     assert step.cache_info().replays == 1
 
 

@@ -11,7 +11,8 @@ import copy
 
 import pytest
 import torch
-from conformance import ENTRIES, params_for
+from conformance import ENTRIES, output, params_for
+from conformance import call as call_entry
 
 import functd as fd
 from functd.testing import assert_close
@@ -22,7 +23,8 @@ M = 3  # ensemble members
 
 
 def call(m, params, td):
-    return m(params, td, key=KEY) if m.random else m(params, td)
+    """The output td (a stateful module's new state is checked in test_batchnorm.py)."""
+    return output(call_entry(m, params, td, KEY))
 
 
 def members(m, dtype=torch.float32):
@@ -121,7 +123,9 @@ def nn_grads(m, sources):
         return fd.TensorDict(
             {n: nn_grads(c, sources[n]) for n, c in zip(m.names, m.modules) if c.has_params}
         )
-    return fd.TensorDict({k: t.grad for k, t in sources.state_dict(keep_vars=True).items()})
+    return fd.TensorDict(
+        {k: t.grad for k, t in sources.state_dict(keep_vars=True).items() if t.grad is not None}
+    )
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -136,8 +140,11 @@ def test_fd_grad_float64_matches_torch(name):
     if not weights:
         pytest.skip("no floating output")
 
+    # differentiate the trainable part only (BatchNorm's running statistics are state)
+    params, state = fd.nn.split_state(m, params)
+
     def loss(p, t):
-        return weighted(call(m, p, t), weights)
+        return weighted(call(m, fd.nn.merge_state(p, state), t), weights)
 
     argnums = tuple(i for i, ok in ((0, m.has_params), (1, e.float_inputs)) if ok)
     grads = fd.grad(loss, argnums=argnums)(params, td)
@@ -147,11 +154,12 @@ def test_fd_grad_float64_matches_torch(name):
     if m.has_params and sources is not None:
         # against the torch modules themselves: load the weights, run, .backward()
         sources = copy.deepcopy(sources)
-        _load(m, sources, params)
+        _load(m, sources, fd.nn.merge_state(params, state))
         data = {k: v.detach().clone().requires_grad_(v.is_floating_point()) for k, v in td.items()}
         nn_forward(m, sources, data)
         weighted(data, weights).backward()
-        assert_close(grads[0], nn_grads(m, sources), rtol=1e-7, atol=1e-9)
+        ref = nn_grads(m, sources).select(*grads[0].keys(True, True))
+        assert_close(grads[0], ref, rtol=1e-7, atol=1e-9)
         if 1 in grads:
             for k in td.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
                 assert_close(grads[1][k], data[k].grad, rtol=1e-7, atol=1e-9)
@@ -174,6 +182,8 @@ def test_entries_made_of_torch_modules_are_checked_against_them():
         n for n in NAMES if ENTRIES[n].make().has_params and torch_sources(ENTRIES[n].make())
     }
     assert torch_made == {
+        "Module(BatchNorm1d training)",
+        "Sequential(Linear, BatchNorm1d training)",
         "Module(nn.Linear lowered)",
         "Module(functional_call)",
         "Sequential(tutorial block)",
@@ -182,8 +192,8 @@ def test_entries_made_of_torch_modules_are_checked_against_them():
 
 
 def _load(m, sources, params):
-    """Load float64 params into the copied torch modules (and make buffers require grad,
-    since functd differentiates them like any entry of the params)."""
+    """Load float64 params into the copied torch modules (and make buffers other than
+    running statistics require grad, since functd differentiates them like any entry)."""
     if isinstance(m, fd.Sequential):
         for n, c in zip(m.names, m.modules):
             if c.has_params:
@@ -191,6 +201,9 @@ def _load(m, sources, params):
         return
     sources.to(torch.float64)
     fd.to_module(params, sources)
-    for b in sources.buffers():
-        if b.is_floating_point():
-            b.requires_grad_()
+    for mod in sources.modules():
+        if isinstance(mod, torch.nn.modules.batchnorm._NormBase):
+            continue  # running statistics are state (split off), not differentiated
+        for b in mod.buffers(recurse=False):
+            if b.is_floating_point():
+                b.requires_grad_()
