@@ -207,19 +207,16 @@ def _std_gamma(key: Tensor, alpha: Tensor, shape: tuple[int, ...]) -> Tensor:
     a1 = torch.where(boost, a + 1.0, a)
     d = a1 - 1.0 / 3.0
     c = 1.0 / torch.sqrt(9.0 * d)
-    keys = fr.split(key, 2 * _GAMMA_ROUNDS + 1)
-    out = torch.zeros_like(a)
-    done = torch.zeros_like(a, dtype=torch.bool)
-    for i in range(_GAMMA_ROUNDS):  # each round accepts >= 95% of the rest
-        z = fr.normal(keys[2 * i], shape, a.dtype)
-        u = fr.uniform(keys[2 * i + 1], shape, a.dtype)
-        v = (1.0 + c * z) ** 3
-        ok = (v > 0) & (torch.log(u) < 0.5 * z * z + d - d * v + d * torch.log(v.clamp_min(1e-30)))
-        take = ok & ~done
-        out = torch.where(take, d * v, out)
-        done = done | ok
+    k_z, k_u, k_b = fr.split(key, 3)
+    z = fr.normal(k_z, (_GAMMA_ROUNDS, *shape), a.dtype)  # all rounds at once
+    u = fr.uniform(k_u, (_GAMMA_ROUNDS, *shape), a.dtype)
+    v = (1.0 + c * z) ** 3
+    ok = (v > 0) & (torch.log(u) < 0.5 * z * z + d - d * v + d * torch.log(v.clamp_min(1e-30)))
+    first = ok.to(torch.int8).argmax(0, keepdim=True)  # the first accepted round
+    out = torch.gather(d * v, 0, first).squeeze(0)
+    done = ok.any(0)
     out = torch.where(done, out, d)  # (probability < 1e-10 per element)
-    u = fr.uniform(keys[-1], shape, a.dtype)
+    u = fr.uniform(k_b, shape, a.dtype)
     out = torch.where(boost, out * u.clamp_min(torch.finfo(a.dtype).tiny) ** (1.0 / a), out)
     out = out.clamp_min(torch.finfo(a.dtype).tiny)
     if not alpha.requires_grad:
