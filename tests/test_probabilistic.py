@@ -456,7 +456,7 @@ def test_bad_construction():
         _head(default_interaction_type="sometimes")
     with pytest.raises(ValueError, match="unknown interaction type"):
         fd.set_interaction_type("often")
-    with pytest.raises(TypeError, match="needs at least one fd.Probabilistic"):
+    with pytest.raises(TypeError, match=r"needs at least one fd\.Probabilistic"):
         fd.ProbabilisticSequential(fd.Module(torch.tanh, ["x"], ["y"]))
     with pytest.raises(ValueError, match="unknown scale_mapping 'sofplus'; use one of softplus"):
         fd.NormalParamExtractor("sofplus")
@@ -475,7 +475,7 @@ def test_bad_calls():
     th = _head(distribution_class=tanh_normal)
     with pytest.raises(NotImplementedError, match="TransformedDistribution has no mode"):
         th(None, td, interaction="mode")
-    with pytest.raises(NotImplementedError, match="has no mean.*needs a key"):
+    with pytest.raises(NotImplementedError, match=r"has no mean.*needs a key"):
         th(None, td, interaction="mean")
     with pytest.raises(KeyError, match="lacks the sample 'action' to score"):
         head.log_prob(None, td)
