@@ -481,3 +481,12 @@ def test_bad_calls():
         head.log_prob(None, td)
     with pytest.raises(KeyError, match="lacks the sample 'action' to score"):
         _policy().log_prob(_policy().init(KEY), _td())
+
+
+def test_example_runs(capsys):
+    import pathlib
+    import runpy
+
+    path = pathlib.Path(__file__).parents[1] / "examples" / "probabilistic_policy.py"
+    runpy.run_path(str(path), run_name="__main__")
+    assert "8 keys -> action[0, 0]" in capsys.readouterr().out
