@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -41,6 +42,7 @@ from ._distributions import (
 from ._module import Module, _bad_td, _get_path, _keyword_call, _missing_input, _write, as_keys
 from ._sequential import Sequential
 from ._td import Key, TensorDict, _new
+from .random import normal as fr_normal
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
 
@@ -88,10 +90,12 @@ def _check_key_arg(label: str, key: Any) -> None:
         )
 
 
-def _resolve(interaction: Any, where: str) -> InteractionType | None:
+def _resolve(interaction: Any, m: Any) -> InteractionType | None:
     """The interaction of a call: the explicit argument, else the context's (or None)."""
     if interaction is not None:
-        return as_interaction(interaction, where)
+        if type(interaction) is InteractionType:
+            return interaction
+        return as_interaction(interaction, m._label())
     return interaction_type()
 
 
@@ -129,6 +133,7 @@ class Probabilistic(Module):
         "_dist_kwargs",
         "_dkw",
         "_names",
+        "_normal",
         "default_interaction_type",
         "distribution_class",
         "log_prob_key",
@@ -210,6 +215,11 @@ class Probabilistic(Module):
         )
         set_(self, "n_empirical_estimate", int(n_empirical_estimate))
         set_(self, "_run", self._run_ctx)
+        normal = None  # (loc key, scale key) of a plain Normal head: a faster path
+        if distribution_class is D.Normal and not dkw and sorted(names) == ["loc", "scale"]:
+            by_name = dict(zip(names, ins))
+            normal = (by_name["loc"], by_name["scale"])
+        set_(self, "_normal", normal)
         self._check_names()
 
     # ---------------------------------------------------------------- value
@@ -319,7 +329,7 @@ class Probabilistic(Module):
         **tensors: Tensor,
     ):
         """``m(params, td, key=None, interaction=None)`` -> new td with the value (and log-prob)."""
-        it = _resolve(interaction, self._label())
+        it = _resolve(interaction, self)
         if td is None:
             return _keyword_call(self, params, key, tensors, it)
         if tensors:
@@ -337,15 +347,19 @@ class Probabilistic(Module):
 
     def _run_i(self, params: Any, data: dict, bs: torch.Size, key: Any, it: Any) -> None:
         it = self.default_interaction_type if it is None else it
-        dist = self._dist(data)
-        if it is InteractionType.RANDOM or (it is InteractionType.MEAN and key is not None):
+        rnd = it is InteractionType.RANDOM
+        if rnd or (it is InteractionType.MEAN and key is not None):
             if key is None:
                 raise ValueError(
                     f"{self._label()}: InteractionType.RANDOM draws a sample and needs a PRNG "
                     "key: call m(params, td, key=fd.random.key(0)) (split a fresh key per "
                     "step), or use InteractionType.DETERMINISTIC."
                 )
-            _check_key_arg(self._label(), key)
+            if not isinstance(key, Tensor) or key.shape != (2,) or key.dtype != torch.int32:
+                _check_key_arg(self._label(), key)
+        if self._normal is not None and _fast_normal(self, data, bs, key if rnd else None):
+            return
+        dist = self._dist(data)
         try:
             x = value(dist, it, key, self.n_empirical_estimate)
         except (UnsupportedDistribution, NotImplementedError) as e:
@@ -353,6 +367,36 @@ class Probabilistic(Module):
         _write(self, data, bs, self.sample_key, x)
         if self.return_log_prob:
             _write(self, data, bs, self.log_prob_key, dist.log_prob(x))
+
+
+_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+
+
+def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool:
+    """The hot path of a plain ``Normal(loc, scale)`` head: torch's own formulas (the
+    same bits) without building the distribution object; False: take the generic path."""
+    k_loc, k_scale = m._normal
+    loc = data.get(k_loc) if type(k_loc) is str else _get_path(data, k_loc)
+    scale = data.get(k_scale) if type(k_scale) is str else _get_path(data, k_scale)
+    if not (
+        isinstance(loc, Tensor)
+        and isinstance(scale, Tensor)
+        and loc.shape == scale.shape
+        and loc.dtype == scale.dtype
+        and loc.dtype.is_floating_point
+    ):
+        return False
+    check = D.Distribution._validate_args  # as torch: validate unless turned off
+    if check and not torch._is_all_true((loc == loc) & (scale > 0)):
+        return False  # the generic path raises torch's error
+    x = loc if key is None else loc + fr_normal(key, loc.shape, loc.dtype) * scale
+    if check and key is not None and not torch._is_all_true(x == x):
+        return False
+    _write(m, data, bs, m.sample_key, x)
+    if m.return_log_prob:  # torch's Normal.log_prob
+        lp = -((x - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI
+        _write(m, data, bs, m.log_prob_key, lp)
+    return True
 
 
 def _is_head(m: Any) -> bool:
@@ -443,7 +487,7 @@ class ProbabilisticSequential(Sequential):
         **tensors: Tensor,
     ):
         """``policy(params, td, key=None, interaction=None)`` -> new td."""
-        it = _resolve(interaction, self._label())
+        it = _resolve(interaction, self)
         if td is None:
             return _keyword_call(self, params, key, tensors, it)
         if tensors:
@@ -503,7 +547,7 @@ class ProbabilisticSequential(Sequential):
         Raises:
             KeyError, TypeError: as a call does (missing entries, bad params).
         """
-        it = _resolve(interaction, self._label())
+        it = _resolve(interaction, self)
         if not isinstance(td, TensorDict):
             _bad_td(self, params, td)
         data = dict(td._data)

@@ -174,9 +174,49 @@ def _threefry2x32(
     return x0, x1
 
 
+# Below this many hashes, eager CPU calls run threefry on Python ints: a policy's
+# few draws per step would otherwise pay ~100 tiny tensor ops each.
+_SMALL = 16
+
+
+def _small_ok(key: Tensor, n: int) -> bool:
+    return n * (key.numel() // 2) <= _SMALL and key.device.type == "cpu" and _inplace_ok(key)
+
+
+def _threefry_py(k0: int, k1: int, x1: int) -> tuple[int, int]:
+    """``_threefry2x32`` of one counter ``(0, x1)`` on uint32 Python ints."""
+    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    x0, x1 = k0, (x1 + k1) & _M32
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = (x0 + x1) & _M32
+            x1 = (((x1 << r) & _M32) | (x1 >> (32 - r))) ^ x0
+        x0 = (x0 + ks[(i + 1) % 3]) & _M32
+        x1 = (x1 + ks[(i + 2) % 3] + i + 1) & _M32
+    return x0, x1
+
+
+def _hash_py(key: Tensor, counters: list[int], shape: tuple[int, ...]):
+    """The small-size path of ``_hash``/``fold_in``: int32 tensors ``(*batch, *shape)``."""
+    b0, b1 = [], []
+    for k0, k1 in key.reshape(-1, 2).tolist():
+        k0, k1 = k0 & _M32, k1 & _M32
+        for c in counters:
+            y0, y1 = _threefry_py(k0, k1, c)
+            b0.append(y0 - (y0 >> 31 << 32))
+            b1.append(y1 - (y1 >> 31 << 32))
+    out = (*key.shape[:-1], *shape)
+    return (
+        torch.tensor(b0, dtype=torch.int32).reshape(out),
+        torch.tensor(b1, dtype=torch.int32).reshape(out),
+    )
+
+
 def _hash(key: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
     """Threefry of the row-major counters of ``shape``: two int32 arrays ``(*batch, *shape)``."""
     n = math.prod(shape)
+    if _small_ok(key, n):
+        return _hash_py(key, list(range(n)), shape)
     expand = (..., *([None] * len(shape)))
     k0, k1 = key[..., 0][expand], key[..., 1][expand]
     if n <= 2**31:  # the high counter words are all zero
@@ -270,6 +310,8 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
         raise TypeError(f"fold_in: `data` must be an int or an integer tensor, got {data!r}.")
     elif not 0 <= data <= _M32:
         raise ValueError(f"fold_in: `data` must be in [0, 2**32), got {data}; use data % 2**32.")
+    elif _small_ok(key, 1):
+        return torch.stack(_hash_py(key, [data], ()), dim=-1)
     else:
         d = _to_i32(torch.tensor(data, dtype=torch.int64, device=key.device))
     b0, b1 = torch.broadcast_tensors(*_threefry2x32(key[..., 0], key[..., 1], None, d))

@@ -490,3 +490,29 @@ def test_example_runs(capsys):
     path = pathlib.Path(__file__).parents[1] / "examples" / "probabilistic_policy.py"
     runpy.run_path(str(path), run_name="__main__")
     assert "8 keys -> action[0, 0]" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("it", ["deterministic", "random", "mode", "mean"])
+def test_normal_fast_path_equals_the_generic_path(it):
+    fast = _head(return_log_prob=True)
+    generic = _head(
+        distribution_class=lambda loc, scale: D.Normal(loc, scale), return_log_prob=True
+    )
+    assert fast._normal is not None and generic._normal is None
+    td = _normal_td()
+    assert_close(
+        fast(None, td, key=KEY, interaction=it),
+        generic(None, td, key=KEY, interaction=it),
+        rtol=0,
+        atol=0,
+    )
+    keys = fd.random.split(KEY, 3)
+    vf = torch.func.vmap(lambda k: fast(None, td, key=k, interaction=it))(keys)
+    vg = torch.func.vmap(lambda k: generic(None, td, key=k, interaction=it))(keys)
+    assert_close(vf, vg, rtol=0, atol=0)
+
+
+def test_invalid_normal_parameters_raise_torchs_error():
+    td = fd.TensorDict({"loc": torch.zeros(2), "scale": torch.tensor([1.0, 0.0])}, [2])
+    with pytest.raises(ValueError, match="Expected parameter scale"):
+        _head()(None, td)
