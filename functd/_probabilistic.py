@@ -389,7 +389,7 @@ def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool
     check = D.Distribution._validate_args  # as torch: validate unless turned off
     if check and not torch._is_all_true((loc == loc) & (scale > 0)):
         return False  # the generic path raises torch's error
-    x = loc if key is None else loc + fr_normal(key, loc.shape, loc.dtype) * scale
+    x = loc if key is None else loc + fr_normal(key.to(loc.device), loc.shape, loc.dtype) * scale
     if check and key is not None and not torch._is_all_true(x == x):
         return False
     _write(m, data, bs, m.sample_key, x)

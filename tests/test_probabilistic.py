@@ -516,3 +516,12 @@ def test_invalid_normal_parameters_raise_torchs_error():
     td = fd.TensorDict({"loc": torch.zeros(2), "scale": torch.tensor([1.0, 0.0])}, [2])
     with pytest.raises(ValueError, match="Expected parameter scale"):
         _head()(None, td)
+
+
+@pytest.mark.cuda
+def test_cuda_policy_draws_the_same_numbers_as_cpu():
+    pol, td = _policy(), _td()
+    params = pol.init(KEY)
+    cpu = pol(params, td, key=KEY, interaction=RANDOM)
+    gpu = pol(params.to("cuda"), td.to("cuda"), key=KEY.to("cuda"), interaction=RANDOM)
+    assert_close(gpu.to("cpu"), cpu, rtol=1e-5, atol=1e-5)
