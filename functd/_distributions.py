@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 import sys
 import threading
+from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
@@ -38,10 +39,13 @@ import torch
 from torch import Tensor
 from torch import distributions as D
 
+from . import _errors as E
 from . import random as fr
+from ._td import Key, TensorDict
 
 __all__ = [
     "SUPPORTED",
+    "CompositeDistribution",
     "InteractionType",
     "draw",
     "interaction_type",
@@ -381,3 +385,98 @@ def value(
                 f"{n_empirical_estimate} draws and needs a key: pass key=fd.random.key(0)."
             ) from None
         return draw(dist, key, (n_empirical_estimate,)).mean(0)
+
+
+def add_suffix(key: Key, suffix: str) -> Key:
+    """``"a"`` -> ``"a<suffix>"``; a nested key gets the suffix on its last element."""
+    return key + suffix if isinstance(key, str) else (*key[:-1], key[-1] + suffix)
+
+
+_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
+
+
+def normal_fast(loc: Any, scale: Any, key: Tensor | None, log_prob: bool):
+    """``(value, log_prob)`` of ``Normal(loc, scale)`` (a draw under ``key``, else loc) with
+    torch's own validation and formulas, without building the object; None when the
+    inputs are not plain same-shape float tensors or fail torch's validation (the
+    generic path then raises torch's error)."""
+    if not (
+        isinstance(loc, Tensor)
+        and isinstance(scale, Tensor)
+        and loc.shape == scale.shape
+        and loc.dtype == scale.dtype
+        and loc.dtype.is_floating_point
+    ):
+        return None
+    check = D.Distribution._validate_args  # as torch: validate unless turned off
+    if check and not torch._is_all_true((loc == loc) & (scale > 0)):
+        return None
+    x = loc if key is None else loc + fr.normal(key.to(loc.device), loc.shape, loc.dtype) * scale
+    if check and key is not None and not torch._is_all_true(x == x):
+        return None
+    if not log_prob:
+        return x, None
+    return x, -((x - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI  # Normal.log_prob
+
+
+class CompositeDistribution:
+    """Independent distributions over several td keys (what ``get_dist`` of several heads returns).
+
+    ``log_prob(td)`` gives a TensorDict of ``<key>_log_prob`` entries (tensordict's
+    layout); ``sample(key)`` draws each component under ``fold_in(key, i)``;
+    ``mode``/``mean``/``deterministic_sample`` are TensorDicts. Later heads'
+    distributions were built from the earlier samples, so ``sample`` draws each
+    conditional on those, not jointly.
+
+    Example:
+        >>> dist = seq.get_dist(params, td)
+        >>> dist.log_prob(out)["a_log_prob"]
+    """
+
+    def __init__(self, dists: Mapping[Key, D.Distribution], batch_size, log_prob_keys=None):
+        self.dists = dict(dists)
+        self.batch_size = torch.Size(batch_size)
+        self.log_prob_keys = dict(log_prob_keys or {})
+
+    def __repr__(self) -> str:
+        return f"CompositeDistribution({self.dists})"
+
+    def _td(self, values: dict) -> TensorDict:
+        out = TensorDict({}, self.batch_size)
+        for k, v in values.items():
+            out = out.set(k, v)
+        return out
+
+    def log_prob(self, td: TensorDict) -> TensorDict:
+        vals = {}
+        for k, d in self.dists.items():
+            x = td.get(k, None)
+            if x is None:
+                raise KeyError(
+                    f"CompositeDistribution.log_prob: the tensordict lacks the sample "
+                    f"{E.fmt_key(k)}; it has {E.fmt_keys(td.keys(True, True))}."
+                )
+            vals[self.log_prob_keys.get(k, add_suffix(k, "_log_prob"))] = d.log_prob(x)
+        return self._td(vals)
+
+    def sample(self, key: Tensor) -> TensorDict:
+        from .random import fold_in
+
+        return self._td(
+            {k: draw(d, fold_in(key, i)) for i, (k, d) in enumerate(self.dists.items())}
+        )
+
+    def _value(self, it: InteractionType) -> TensorDict:
+        return self._td({k: value(d, it, None) for k, d in self.dists.items()})
+
+    @property
+    def mode(self) -> TensorDict:
+        return self._value(InteractionType.MODE)
+
+    @property
+    def mean(self) -> TensorDict:
+        return self._value(InteractionType.MEAN)
+
+    @property
+    def deterministic_sample(self) -> TensorDict:
+        return self._value(InteractionType.DETERMINISTIC)

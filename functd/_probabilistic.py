@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import inspect
-import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -32,25 +31,22 @@ from torch import distributions as D
 
 from . import _errors as E
 from ._distributions import (
+    CompositeDistribution,
     InteractionType,
     UnsupportedDistribution,
+    add_suffix,
     as_interaction,
-    draw,
     interaction_type,
+    normal_fast,
     value,
 )
 from ._module import Module, _bad_td, _get_path, _keyword_call, _missing_input, _write, as_keys
 from ._sequential import Sequential
 from ._td import Key, TensorDict, _new
-from .random import normal as fr_normal
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
 
 _NOPE = object()
-
-
-def _add_suffix(key: Key, suffix: str) -> Key:
-    return key + suffix if isinstance(key, str) else (*key[:-1], key[-1] + suffix)
 
 
 def _path(key: Key) -> tuple[str, ...]:
@@ -180,7 +176,7 @@ class Probabilistic(Module):
         lp_key = None
         if return_log_prob:
             lp_key = as_keys(
-                log_prob_key if log_prob_key is not None else _add_suffix(sample_key, "_log_prob"),
+                log_prob_key if log_prob_key is not None else add_suffix(sample_key, "_log_prob"),
                 "log_prob_key",
             )[0]
             clash = [k for k in (sample_key, *ins) if _overlap(lp_key, k)]
@@ -189,7 +185,7 @@ class Probabilistic(Module):
                     f"Probabilistic: log_prob_key {E.fmt_key(lp_key)} collides with "
                     f"{E.fmt_keys(clash)} (the sample or a distribution parameter): writing the "
                     "log-probability would overwrite it. Choose another log_prob_key, e.g. "
-                    f"{E.fmt_key(_add_suffix(sample_key, '_log_prob'))}."
+                    f"{E.fmt_key(add_suffix(sample_key, '_log_prob'))}."
                 )
         set_ = object.__setattr__
         set_(self, "_fn", distribution_class)
@@ -369,33 +365,17 @@ class Probabilistic(Module):
             _write(self, data, bs, self.log_prob_key, dist.log_prob(x))
 
 
-_LOG_SQRT_2PI = math.log(math.sqrt(2 * math.pi))
-
-
 def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool:
-    """The hot path of a plain ``Normal(loc, scale)`` head: torch's own formulas (the
-    same bits) without building the distribution object; False: take the generic path."""
+    """The hot path of a plain ``Normal(loc, scale)`` head; False: take the generic path."""
     k_loc, k_scale = m._normal
     loc = data.get(k_loc) if type(k_loc) is str else _get_path(data, k_loc)
     scale = data.get(k_scale) if type(k_scale) is str else _get_path(data, k_scale)
-    if not (
-        isinstance(loc, Tensor)
-        and isinstance(scale, Tensor)
-        and loc.shape == scale.shape
-        and loc.dtype == scale.dtype
-        and loc.dtype.is_floating_point
-    ):
+    out = normal_fast(loc, scale, key, m.return_log_prob)
+    if out is None:
         return False
-    check = D.Distribution._validate_args  # as torch: validate unless turned off
-    if check and not torch._is_all_true((loc == loc) & (scale > 0)):
-        return False  # the generic path raises torch's error
-    x = loc if key is None else loc + fr_normal(key.to(loc.device), loc.shape, loc.dtype) * scale
-    if check and key is not None and not torch._is_all_true(x == x):
-        return False
-    _write(m, data, bs, m.sample_key, x)
-    if m.return_log_prob:  # torch's Normal.log_prob
-        lp = -((x - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI
-        _write(m, data, bs, m.log_prob_key, lp)
+    _write(m, data, bs, m.sample_key, out[0])
+    if m.return_log_prob:
+        _write(m, data, bs, m.log_prob_key, out[1])
     return True
 
 
@@ -559,7 +539,7 @@ class ProbabilisticSequential(Sequential):
         return CompositeDistribution(
             {k: d for k, (_, d, _) in dists.items()},
             td._batch_size,
-            {k: (m.log_prob_key or _add_suffix(k, "_log_prob")) for k, (m, _, _) in dists.items()},
+            {k: (m.log_prob_key or add_suffix(k, "_log_prob")) for k, (m, _, _) in dists.items()},
         )
 
     def log_prob(
@@ -591,66 +571,3 @@ def _sample_of(head: Probabilistic, td: TensorDict) -> Tensor:
             f"{E.fmt_key(head.sample_key)} to score; it has {E.fmt_keys(td.keys(True, True))}."
         )
     return x
-
-
-class CompositeDistribution:
-    """Independent distributions over several td keys (what ``get_dist`` of several heads returns).
-
-    ``log_prob(td)`` gives a TensorDict of ``<key>_log_prob`` entries (tensordict's
-    layout); ``sample(key)`` draws each component under ``fold_in(key, i)``;
-    ``mode``/``mean``/``deterministic_sample`` are TensorDicts. Later heads'
-    distributions were built from the earlier samples, so ``sample`` draws each
-    conditional on those, not jointly.
-
-    Example:
-        >>> dist = seq.get_dist(params, td)
-        >>> dist.log_prob(out)["a_log_prob"]
-    """
-
-    def __init__(self, dists: Mapping[Key, D.Distribution], batch_size, log_prob_keys=None):
-        self.dists = dict(dists)
-        self.batch_size = torch.Size(batch_size)
-        self.log_prob_keys = dict(log_prob_keys or {})
-
-    def __repr__(self) -> str:
-        return f"CompositeDistribution({self.dists})"
-
-    def _td(self, values: dict) -> TensorDict:
-        out = TensorDict({}, self.batch_size)
-        for k, v in values.items():
-            out = out.set(k, v)
-        return out
-
-    def log_prob(self, td: TensorDict) -> TensorDict:
-        vals = {}
-        for k, d in self.dists.items():
-            x = td.get(k, None)
-            if x is None:
-                raise KeyError(
-                    f"CompositeDistribution.log_prob: the tensordict lacks the sample "
-                    f"{E.fmt_key(k)}; it has {E.fmt_keys(td.keys(True, True))}."
-                )
-            vals[self.log_prob_keys.get(k, _add_suffix(k, "_log_prob"))] = d.log_prob(x)
-        return self._td(vals)
-
-    def sample(self, key: Tensor) -> TensorDict:
-        from .random import fold_in
-
-        return self._td(
-            {k: draw(d, fold_in(key, i)) for i, (k, d) in enumerate(self.dists.items())}
-        )
-
-    def _value(self, it: InteractionType) -> TensorDict:
-        return self._td({k: value(d, it, None) for k, d in self.dists.items()})
-
-    @property
-    def mode(self) -> TensorDict:
-        return self._value(InteractionType.MODE)
-
-    @property
-    def mean(self) -> TensorDict:
-        return self._value(InteractionType.MEAN)
-
-    @property
-    def deterministic_sample(self) -> TensorDict:
-        return self._value(InteractionType.DETERMINISTIC)
