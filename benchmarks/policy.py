@@ -60,15 +60,21 @@ def rows(batch: int) -> list[list]:
     out = []
     with torch.no_grad():
         for mode in ("deterministic", "random"):
-            kw = {"key": key, "interaction": rnd} if mode == "random" else {}
-            ours = median_us(lambda kw=kw: pol(params, td, **kw))
+            it = rnd if mode == "random" else None
+
+            k = key if mode == "random" else None
+
+            def call(p, t, k, it=it):
+                return pol(p, t, key=k, interaction=it)
+
+            ours = median_us(lambda call=call, k=k: call(params, td, k))
             comp = float("nan")
             if COMPILE:
                 torch._dynamo.reset()
-                f = torch.compile(lambda p, t, kw=kw: pol(p, t, **kw), fullgraph=True)
+                f = torch.compile(call, fullgraph=True)
                 for _ in range(3):
-                    f(params, td)
-                comp = median_us(lambda f=f: f(params, td))
+                    f(params, td, k)
+                comp = median_us(lambda f=f, k=k: f(params, td, k))
             theirs = float("nan")
             if ref is not None:
                 from tensordict import TensorDict
@@ -77,7 +83,9 @@ def rows(batch: int) -> list[list]:
                 ttd = TensorDict({"input": x, "hidden": h}, [batch])
                 with set_interaction_type(mode):
                     theirs = median_us(lambda ttd=ttd: ref(ttd.copy()))
-            out.append([batch, mode, ours, comp, theirs, ours / theirs])
+            row = [batch, mode, ours, comp, theirs, ours / theirs]
+            print(row, file=sys.stderr, flush=True)
+            out.append(row)
     return out
 
 

@@ -379,6 +379,11 @@ def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool
     return True
 
 
+def _draws(m: Probabilistic, it: InteractionType | None) -> bool:
+    it = m.default_interaction_type if it is None else it
+    return it is InteractionType.RANDOM or it is InteractionType.MEAN
+
+
 def _is_head(m: Any) -> bool:
     return type(m) is Probabilistic
 
@@ -496,7 +501,9 @@ class ProbabilisticSequential(Sequential):
             else:
                 p = None
             k = key
-            if rnd and key is not None:
+            if run_i is not None and type(m) is Probabilistic and not _draws(m, it):
+                k = None  # a head that will not draw: no key to derive
+            elif rnd and key is not None:
                 if fold_in is None:
                     from .random import fold_in
                 k = fold_in(key, idx)
