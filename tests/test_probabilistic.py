@@ -514,8 +514,13 @@ def test_normal_fast_path_equals_the_generic_path(it):
 
 def test_invalid_normal_parameters_raise_torchs_error():
     td = fd.TensorDict({"loc": torch.zeros(2), "scale": torch.tensor([1.0, 0.0])}, [2])
-    with pytest.raises(ValueError, match="Expected parameter scale"):
-        _head()(None, td)
+    before = D.Distribution._validate_args  # (torch.compile of a distribution turns it off)
+    D.Distribution.set_default_validate_args(True)
+    try:
+        with pytest.raises(ValueError, match="Expected parameter scale"):
+            _head()(None, td)
+    finally:
+        D.Distribution.set_default_validate_args(before)
 
 
 @pytest.mark.cuda
