@@ -414,6 +414,19 @@ def uniform(
     return _scaled(u, lo, hi)
 
 
+_COEFS: dict = {}
+
+
+def _erfinv_coefs(ndim: int, device: torch.device) -> tuple[Tensor, ...]:
+    """The (2, 1, ..., 1) float32 coefficient pairs of both polynomials (cached, read-only)."""
+    out = _COEFS.get((ndim, device))
+    if out is None:
+        both = torch.tensor([_ERFINV_LT, _ERFINV_GT], dtype=torch.float32, device=device)
+        out = tuple(both[:, i].reshape(2, *[1] * ndim) for i in range(both.shape[1]))
+        _COEFS[(ndim, device)] = out
+    return out
+
+
 def _erfinv32(x: Tensor) -> Tensor:
     """XLA's float32 ``erf_inv`` (Giles' polynomials, both evaluated everywhere).
 
@@ -424,15 +437,16 @@ def _erfinv32(x: Tensor) -> Tensor:
     lt, edge = w < 5.0, torch.isinf(w)  # edge: |x| == 1
     wg = torch.sqrt(w) - 3.0
     wl = w.sub_(2.5) if ip else w - 2.5
+    if ip:  # both polynomials at once on a stacked buffer: half the tiny ops
+        coefs = _erfinv_coefs(w.ndim, w.device)
+        ws = torch.stack([wl, wg])
+        p = torch.empty_like(ws).copy_(coefs[0])
+        for c in coefs[1:]:
+            p.mul_(ws).add_(c)
+        return torch.where(lt, p[0], p[1]).masked_fill_(edge, math.inf).mul_(x)
     pl, pg = torch.full_like(w, _ERFINV_LT[0]), torch.full_like(w, _ERFINV_GT[0])
     for a, b in zip(_ERFINV_LT[1:], _ERFINV_GT[1:]):
-        if ip:
-            pl.mul_(wl).add_(a)
-            pg.mul_(wg).add_(b)
-        else:
-            pl, pg = a + pl * wl, b + pg * wg
-    if ip:
-        return torch.where(lt, pl, pg, out=pl).masked_fill_(edge, math.inf).mul_(x)
+        pl, pg = a + pl * wl, b + pg * wg
     return torch.where(lt, pl, pg).masked_fill(edge, math.inf) * x
 
 
@@ -459,9 +473,19 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
         >>> z = normal(key(0), (1000,))
     """
     key, shape = _prologue("normal", key, shape, dtype)
+    u = _unit(key, shape, dtype)
+    if dtype == torch.float32 and _inplace_ok(u) and _inplace_ok(key):
+        # eager fast path: the same float32 ops with constants as Python floats
+        # (nextafter(-1, 0) and 1 - nextafter(-1, 0) == 2 are exact in float32)
+        u.mul_(2.0).add_(_NEXT_M1).clamp_min_(_NEXT_M1)
+        return _erfinv32(u).mul_(_SQRT2_32)
     one = torch.tensor(1.0, dtype=dtype, device=key.device)
     lo = torch.nextafter(-one, torch.zeros_like(one))
-    return _sqrt2_erfinv(_scaled(_unit(key, shape, dtype), lo, one, exact=True), dtype)
+    return _sqrt2_erfinv(_scaled(u, lo, one, exact=True), dtype)
+
+
+_NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
+_SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))  # as the tensor path
 
 
 def gumbel(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -> Tensor:
