@@ -530,3 +530,20 @@ def test_cuda_policy_draws_the_same_numbers_as_cpu():
     cpu = pol(params, td, key=KEY, interaction=RANDOM)
     gpu = pol(params.to("cuda"), td.to("cuda"), key=KEY.to("cuda"), interaction=RANDOM)
     assert_close(gpu.to("cpu"), cpu, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(), (4,), (3, 5), (1000,)])
+@pytest.mark.parametrize("fn", ["normal", "uniform", "gumbel", "split", "fold_in"])
+def test_eager_fast_paths_of_random_are_bitwise_the_traced_path(fn, shape):
+    """The eager shortcuts (Python-int threefry under 16 hashes, stacked erf_inv) give
+    the bits of the path vmap and compile take."""
+    f = {
+        "normal": lambda k: fd.random.normal(k, shape),
+        "uniform": lambda k: fd.random.uniform(k, shape),
+        "gumbel": lambda k: fd.random.gumbel(k, shape),
+        "split": lambda k: fd.random.split(k, max(1, math.prod(shape))),
+        "fold_in": lambda k: fd.random.fold_in(k, 7),
+    }[fn]
+    keys = fd.random.split(fd.random.key(3), 2)
+    eager = torch.stack([f(k) for k in keys])
+    assert torch.equal(eager, torch.func.vmap(f)(keys))
