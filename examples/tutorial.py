@@ -180,6 +180,10 @@ def runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
 def main() -> None:
     _, small, params = walkthrough()
     runtime_table(small, params)
+    print("\n## Working with distributions (examples/probabilistic_policy.py)")
+    import probabilistic_policy  # the tutorial's GRU policy, with explicit keys
+
+    probabilistic_policy.main()
 
 
 if __name__ == "__main__":

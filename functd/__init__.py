@@ -20,11 +20,17 @@ from ._autodiff import value_and_grad as value_and_grad
 from ._autodiff import vjp as vjp
 from ._cuda_graph import CudaGraphWarning as CudaGraphWarning
 from ._cuda_graph import cuda_graph as cuda_graph
+from ._distributions import InteractionType as InteractionType
+from ._distributions import set_interaction_type as set_interaction_type
 from ._io import load as load
 from ._io import save as save
 from ._module import Module as Module
+from ._param_extractor import NormalParamExtractor as NormalParamExtractor
 from ._params import from_module as from_module
 from ._params import to_module as to_module
+from ._probabilistic import CompositeDistribution as CompositeDistribution
+from ._probabilistic import Probabilistic as Probabilistic
+from ._probabilistic import ProbabilisticSequential as ProbabilisticSequential
 from ._sequential import Sequential as Sequential
 from ._shape import cat as cat
 from ._shape import stack as stack

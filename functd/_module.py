@@ -547,7 +547,7 @@ def _check_params(m: Module, params: TensorDict) -> None:
         object.__setattr__(params, "_checked", m._fn)
 
 
-def _keyword_call(m, params, key, tensors: dict):
+def _keyword_call(m, params, key, tensors: dict, interaction=None):
     """``m(params, x=x)``: build the td from keyword tensors, return the out tensors."""
     if not tensors:
         if isinstance(params, TensorDict):
@@ -567,6 +567,10 @@ def _keyword_call(m, params, key, tensors: dict):
     td = TensorDict({}, [])
     for n, v in tensors.items():
         td = td.set(names[n], v)
-    out = m(params, td, key=key)
+    out = (
+        m(params, td, key=key)
+        if interaction is None
+        else m(params, td, key=key, interaction=interaction)
+    )
     vals = tuple(out.get(k) for k in m.out_keys)
     return vals[0] if len(vals) == 1 else vals

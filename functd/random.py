@@ -179,9 +179,49 @@ def _threefry2x32(
     return x0, x1
 
 
+# Below this many hashes, eager CPU calls run threefry on Python ints: a policy's
+# few draws per step would otherwise pay ~100 tiny tensor ops each.
+_SMALL = 16
+
+
+def _small_ok(key: Tensor, n: int) -> bool:
+    return n * (key.numel() // 2) <= _SMALL and key.device.type == "cpu" and _inplace_ok(key)
+
+
+def _threefry_py(k0: int, k1: int, x1: int) -> tuple[int, int]:
+    """``_threefry2x32`` of one counter ``(0, x1)`` on uint32 Python ints."""
+    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    x0, x1 = k0, (x1 + k1) & _M32
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = (x0 + x1) & _M32
+            x1 = (((x1 << r) & _M32) | (x1 >> (32 - r))) ^ x0
+        x0 = (x0 + ks[(i + 1) % 3]) & _M32
+        x1 = (x1 + ks[(i + 2) % 3] + i + 1) & _M32
+    return x0, x1
+
+
+def _hash_py(key: Tensor, counters: list[int], shape: tuple[int, ...]):
+    """The small-size path of ``_hash``/``fold_in``: int32 tensors ``(*batch, *shape)``."""
+    b0, b1 = [], []
+    for k0, k1 in key.reshape(-1, 2).tolist():
+        k0, k1 = k0 & _M32, k1 & _M32
+        for c in counters:
+            y0, y1 = _threefry_py(k0, k1, c)
+            b0.append(y0 - (y0 >> 31 << 32))
+            b1.append(y1 - (y1 >> 31 << 32))
+    out = (*key.shape[:-1], *shape)
+    return (
+        torch.tensor(b0, dtype=torch.int32).reshape(out),
+        torch.tensor(b1, dtype=torch.int32).reshape(out),
+    )
+
+
 def _hash(key: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
     """Threefry of the row-major counters of ``shape``: two int32 arrays ``(*batch, *shape)``."""
     n = math.prod(shape)
+    if _small_ok(key, n):
+        return _hash_py(key, list(range(n)), shape)
     expand = (..., *([None] * len(shape)))
     k0, k1 = key[..., 0][expand], key[..., 1][expand]
     if n <= 2**31:  # the high counter words are all zero
@@ -275,6 +315,8 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
         raise TypeError(f"fold_in: `data` must be an int or an integer tensor, got {data!r}.")
     elif not 0 <= data <= _M32:
         raise ValueError(f"fold_in: `data` must be in [0, 2**32), got {data}; use data % 2**32.")
+    elif _small_ok(key, 1):
+        return torch.stack(_hash_py(key, [data], ()), dim=-1)
     else:
         d = _to_i32(torch.tensor(data, dtype=torch.int64, device=key.device))
     b0, b1 = torch.broadcast_tensors(*_threefry2x32(key[..., 0], key[..., 1], None, d))
@@ -377,6 +419,19 @@ def uniform(
     return _scaled(u, lo, hi)
 
 
+_COEFS: dict = {}
+
+
+def _erfinv_coefs(ndim: int, device: torch.device) -> tuple[Tensor, ...]:
+    """The (2, 1, ..., 1) float32 coefficient pairs of both polynomials (cached, read-only)."""
+    out = _COEFS.get((ndim, device))
+    if out is None:
+        both = torch.tensor([_ERFINV_LT, _ERFINV_GT], dtype=torch.float32, device=device)
+        out = tuple(both[:, i].reshape(2, *[1] * ndim) for i in range(both.shape[1]))
+        _COEFS[(ndim, device)] = out
+    return out
+
+
 def _erfinv32(x: Tensor) -> Tensor:
     """XLA's float32 ``erf_inv`` (Giles' polynomials, both evaluated everywhere).
 
@@ -387,15 +442,16 @@ def _erfinv32(x: Tensor) -> Tensor:
     lt, edge = w < 5.0, torch.isinf(w)  # edge: |x| == 1
     wg = torch.sqrt(w) - 3.0
     wl = w.sub_(2.5) if ip else w - 2.5
+    if ip:  # both polynomials at once on a stacked buffer: half the tiny ops
+        coefs = _erfinv_coefs(w.ndim, w.device)
+        ws = torch.stack([wl, wg])
+        p = torch.empty_like(ws).copy_(coefs[0])
+        for c in coefs[1:]:
+            p.mul_(ws).add_(c)
+        return torch.where(lt, p[0], p[1]).masked_fill_(edge, math.inf).mul_(x)
     pl, pg = torch.full_like(w, _ERFINV_LT[0]), torch.full_like(w, _ERFINV_GT[0])
     for a, b in zip(_ERFINV_LT[1:], _ERFINV_GT[1:]):
-        if ip:
-            pl.mul_(wl).add_(a)
-            pg.mul_(wg).add_(b)
-        else:
-            pl, pg = a + pl * wl, b + pg * wg
-    if ip:
-        return torch.where(lt, pl, pg, out=pl).masked_fill_(edge, math.inf).mul_(x)
+        pl, pg = a + pl * wl, b + pg * wg
     return torch.where(lt, pl, pg).masked_fill(edge, math.inf) * x
 
 
@@ -422,9 +478,19 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
         >>> z = normal(key(0), (1000,))
     """
     key, shape = _prologue("normal", key, shape, dtype)
+    u = _unit(key, shape, dtype)
+    if dtype == torch.float32 and _inplace_ok(u) and _inplace_ok(key):
+        # eager fast path: the same float32 ops with constants as Python floats
+        # (nextafter(-1, 0) and 1 - nextafter(-1, 0) == 2 are exact in float32)
+        u.mul_(2.0).add_(_NEXT_M1).clamp_min_(_NEXT_M1)
+        return _erfinv32(u).mul_(_SQRT2_32)
     one = torch.tensor(1.0, dtype=dtype, device=key.device)
     lo = torch.nextafter(-one, torch.zeros_like(one))
-    return _sqrt2_erfinv(_scaled(_unit(key, shape, dtype), lo, one, exact=True), dtype)
+    return _sqrt2_erfinv(_scaled(u, lo, one, exact=True), dtype)
+
+
+_NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
+_SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))  # as the tensor path
 
 
 def gumbel(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -> Tensor:

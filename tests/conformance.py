@@ -109,7 +109,82 @@ ENTRIES.update(
     }
 )
 
-PUBLIC: tuple[type, ...] = (fd.Module, fd.Sequential, *fd.nn.LAYERS)
+
+# -- probabilistic modules (issue 4)
+def _normal_params():
+    g = torch.Generator().manual_seed(0)
+    loc, scale = torch.randn(B, 3, generator=g), torch.rand(B, 3, generator=g) + 0.5
+    return fd.TensorDict({"loc": loc, "scale": scale}, [B])
+
+
+def _gru_input():
+    g = torch.Generator().manual_seed(0)
+    return fd.TensorDict(
+        {"input": torch.randn(B, 4, generator=g), "hidden": torch.randn(B, 8, generator=g)}, [B]
+    )
+
+
+def _gru_policy(interaction="deterministic"):
+    return fd.ProbabilisticSequential(
+        fd.Module(nn.GRUCell(4, 8), ["input", "hidden"], ["hidden"]),
+        fd.Module(fd.NormalParamExtractor(), ["hidden"], ["loc", "scale"]),
+        fd.Probabilistic(
+            ["loc", "scale"],
+            ["action"],
+            torch.distributions.Normal,
+            return_log_prob=True,
+            default_interaction_type=interaction,
+        ),
+    )
+
+
+ENTRIES.update(
+    {
+        "Probabilistic(Normal, random)": Entry(
+            fd.Probabilistic,
+            lambda: fd.Probabilistic(
+                ["loc", "scale"],
+                ["action"],
+                torch.distributions.Normal,
+                return_log_prob=True,
+                default_interaction_type="random",
+            ),
+            _normal_params,
+        ),
+        "Probabilistic(Independent Normal)": Entry(
+            fd.Probabilistic,
+            lambda: fd.Probabilistic(
+                ["loc", "scale"],
+                ["action"],
+                lambda loc, scale: torch.distributions.Independent(
+                    torch.distributions.Normal(loc, scale), 1
+                ),
+                return_log_prob=True,
+            ),
+            _normal_params,
+        ),
+        "ProbabilisticSequential(GRU policy)": Entry(
+            fd.ProbabilisticSequential, _gru_policy, _gru_input
+        ),
+        "ProbabilisticSequential(GRU policy, random)": Entry(
+            fd.ProbabilisticSequential, lambda: _gru_policy("random"), _gru_input
+        ),
+        "Module(NormalParamExtractor)": Entry(
+            fd.NormalParamExtractor,
+            lambda: fd.Module(fd.NormalParamExtractor(), ["x"], ["loc", "scale"]),
+            lambda: fd.TensorDict({"x": torch.randn(B, 6)}, [B]),
+        ),
+    }
+)
+
+PUBLIC: tuple[type, ...] = (
+    fd.Module,
+    fd.Sequential,
+    *fd.nn.LAYERS,
+    fd.Probabilistic,
+    fd.ProbabilisticSequential,
+    fd.NormalParamExtractor,
+)
 
 
 def params_for(module, key=0, dtype=torch.float32):

@@ -1,0 +1,128 @@
+"""The tensordict tutorial's GRU policy: functd against tensordict, one run.
+
+GRUCell -> NormalParamExtractor -> Normal head with log-prob, at batch 1 and
+256, deterministic and random: functd eager (td call) and compiled, and
+tensordict's ProbabilisticTensorDictSequential eager (when installed; its
+random rows draw from torch's global generator, ours from a key). The target
+(issue 4): functd eager <= 0.5x tensordict eager.
+
+Run: .venv/bin/python benchmarks/policy.py   (BENCH_COMPILE=0 skips compiling)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+from torch import distributions as D
+from torch import nn
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import machine, median_us, table
+
+import functd as fd
+
+COMPILE = os.environ.get("BENCH_COMPILE", "1") == "1"
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "7"))
+
+
+def functd_policy(net):
+    return fd.ProbabilisticSequential(
+        fd.Module(net, in_keys=["input", "hidden"], out_keys=["hidden"]),
+        fd.Module(fd.NormalParamExtractor(), in_keys=["hidden"], out_keys=["loc", "scale"]),
+        fd.Probabilistic(["loc", "scale"], ["action"], D.Normal, return_log_prob=True),
+    )
+
+
+def tensordict_policy(net, interaction="deterministic"):
+    try:
+        from tensordict.nn import NormalParamExtractor, TensorDictModule
+        from tensordict.nn import ProbabilisticTensorDictModule as PM
+        from tensordict.nn import ProbabilisticTensorDictSequential as PS
+    except ImportError:
+        return None
+    return PS(
+        TensorDictModule(net, in_keys=["input", "hidden"], out_keys=["hidden"]),
+        TensorDictModule(NormalParamExtractor(), in_keys=["hidden"], out_keys=["loc", "scale"]),
+        PM(
+            ["loc", "scale"],
+            ["action"],
+            distribution_class=D.Normal,
+            return_log_prob=True,
+            default_interaction_type=interaction,
+        ),
+    )
+
+
+def interleaved(fns: dict) -> dict:
+    """The best of ROUNDS medians of each function, measured in turn (a shared,
+    loaded machine drifts; interleaving keeps the ratios honest)."""
+    best = dict.fromkeys(fns, float("inf"))
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            best[name] = min(best[name], median_us(fn, min_run_time=0.1))
+    return best
+
+
+def rows(batch: int) -> list[list]:
+    torch.manual_seed(0)
+    net = nn.GRUCell(4, 8)
+    pol = functd_policy(net)
+    params = fd.from_module(pol)
+    x, h = torch.randn(batch, 4), torch.randn(batch, 8)
+    td = fd.TensorDict({"input": x, "hidden": h}, [batch])
+    key = fd.random.key(0)
+    rnd = fd.InteractionType.RANDOM
+    out = []
+    with torch.no_grad():
+        for mode in ("deterministic", "random"):
+            it = rnd if mode == "random" else None
+
+            k = key if mode == "random" else None
+
+            def call(p, t, k, it=it):
+                return pol(p, t, key=k, interaction=it)
+
+            fns = {"ours": lambda call=call, k=k: call(params, td, k)}
+            if COMPILE:
+                torch._dynamo.reset()
+                f = torch.compile(call, fullgraph=True)
+                for _ in range(3):
+                    f(params, td, k)
+                fns["compiled"] = lambda f=f, k=k: f(params, td, k)
+            ref = tensordict_policy(net, mode)  # its random mode: the module default
+            if ref is not None:
+                from tensordict import TensorDict
+
+                ttd = TensorDict({"input": x, "hidden": h}, [batch])
+                fns["theirs"] = lambda ref=ref, ttd=ttd: ref(ttd.copy())
+            t = interleaved(fns)
+            nan = float("nan")
+            ours, comp, theirs = t["ours"], t.get("compiled", nan), t.get("theirs", nan)
+            row = [batch, mode, ours, comp, theirs, ours / theirs]
+            print(row, file=sys.stderr, flush=True)
+            out.append(row)
+    return out
+
+
+def main() -> None:
+    print(f"# GRU policy call ({machine()})\n")
+    body = rows(1) + rows(256)
+    print(
+        table(
+            [
+                "batch",
+                "interaction",
+                "functd eager µs",
+                "functd compiled µs",
+                "tensordict eager µs",
+                "functd / tensordict (eager)",
+            ],
+            body,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
