@@ -185,7 +185,9 @@ _SMALL = 16
 
 
 def _small_ok(key: Tensor, n: int) -> bool:
-    return n * (key.numel() // 2) <= _SMALL and key.device.type == "cpu" and _inplace_ok(key)
+    # _inplace_ok first: under torch.compile it is False, and the size test must not
+    # run there (it would guard on a dynamic size: a recompile per batch size)
+    return _inplace_ok(key) and key.device.type == "cpu" and n * (key.numel() // 2) <= _SMALL
 
 
 def _threefry_py(k0: int, k1: int, x1: int) -> tuple[int, int]:

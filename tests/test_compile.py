@@ -44,7 +44,8 @@ def _caller(m):
 
 
 def _new_values(td: fd.TensorDict) -> fd.TensorDict:
-    return td.apply(lambda v: torch.randn_like(v) + 1.0 if v.is_floating_point() else v)
+    # positive, so that distribution scales stay valid
+    return td.apply(lambda v: torch.rand_like(v) + 0.5 if v.is_floating_point() else v)
 
 
 def _rebatch(td: fd.TensorDict, n: int) -> fd.TensorDict:

@@ -101,6 +101,8 @@ def torch_sources(m):
     if isinstance(m, fd.Sequential):
         subs = [torch_sources(c) for c in m.modules]
         return None if any(s is None for s in subs) else dict(zip(m.names, subs))
+    if isinstance(m, fd.Probabilistic):
+        return None  # a distribution head: checked against torch.autograd instead
     if m._source is not None:
         return m._source
     return None if m.has_params else False  # False: a parameter-free callable

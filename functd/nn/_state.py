@@ -55,9 +55,9 @@ def buffer_paths(module: Any) -> tuple[Path, ...]:
 
     if isinstance(module, Layer):
         return module.buffer_paths()
-    if type(module) is Module:
+    if isinstance(module, Module):
         return module.fn.buffer_paths() if isinstance(module.fn, Layer) else ()
-    if type(module) is Sequential:
+    if isinstance(module, Sequential):
         return tuple(
             (name, *path)
             for name, m in zip(module.names, module.modules)
@@ -194,9 +194,13 @@ def _set_mode(obj: Any, training: bool) -> Any:
     from .._module import Module
     from .._sequential import Sequential
 
-    if type(obj) is Sequential:
+    if isinstance(obj, Sequential):  # ProbabilisticSequential too: rebuilt as its own type
         mods = [_set_mode(m, training) for m in obj.modules]
-        return Sequential(*mods, selected_out_keys=obj.selected_out_keys, _names=obj.names)
+        if all(a is b for a, b in zip(mods, obj.modules)):
+            return obj
+        return type(obj)(*mods, selected_out_keys=obj.selected_out_keys, _names=obj.names)
+    if isinstance(obj, Module) and type(obj) is not Module:
+        return obj  # a probabilistic head: no training mode (its interaction type decides)
     if type(obj) is Module:
         fn = _set_mode(obj.fn, training) if isinstance(obj.fn, Layer) else obj.fn
         if fn is obj.fn:
