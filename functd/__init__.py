@@ -9,6 +9,7 @@ Example:
 
 from . import _tree
 from . import nn as nn
+from . import optim as optim
 from . import random as random
 from . import testing as testing
 from ._io import load as load

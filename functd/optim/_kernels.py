@@ -1,0 +1,206 @@
+"""The per-step math of the optimizers, on flat lists of leaves, and the one
+transformation that runs any of them.
+
+Each kernel is two functions: ``buffers(**hp)`` (the per-parameter statistics
+it keeps, with their initial value) and ``step(g, bufs, t, fe, **hp)`` (the
+direction and the new statistics; ``t`` is the new step count as a float
+tensor, so bias corrections never recompile or sync). The same kernel serves
+the building block (``scale_by_adam``: the direction only) and the optimizer
+(``adam``: weight decay and the learning rate around it), so the two agree by
+construction.
+
+The formulas follow ``torch.optim`` (the kernel docstrings say where optax
+differs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._td import TensorDict
+from .._tree import tree
+from . import _errors as E
+from . import _leaves as L
+from ._base import GradientTransformation, transformation
+from ._checks import is_zero
+
+
+# ------------------------------------------------------------------ kernels
+def _sgd_buffers(*, momentum, dampening, nesterov) -> dict[str, Any]:
+    return {} if is_zero(momentum) else {"momentum_buffer": 0.0}
+
+
+def _sgd_step(g, bufs, t, fe, *, momentum, dampening, nesterov):
+    """torch.optim.SGD: ``buf = momentum * buf + (1 - dampening) * g``, except at the
+    first step where ``buf = g`` (no dampening); nesterov uses ``g + momentum * buf``.
+    (optax's ``trace`` has no dampening and no first-step rule.)"""
+    if not bufs:
+        return g, {}
+    buf = bufs["momentum_buffer"]
+    if is_zero(dampening):  # buf starts at 0, so the first step gives g exactly
+        new = L.axpy(momentum, buf, g, fe)
+    else:
+        c = 1 - dampening * (t > 1).to(t.dtype)
+        new = L.add(L.scale(momentum, buf, fe), L.scale(c, g, fe), fe)
+    d = L.axpy(momentum, new, g, fe) if nesterov else new
+    return d, {"momentum_buffer": new}
+
+
+def _adam_buffers(*, b1, b2, eps, amsgrad) -> dict[str, Any]:
+    out = {"exp_avg": 0.0, "exp_avg_sq": 0.0}
+    if amsgrad:
+        out["max_exp_avg_sq"] = 0.0
+    return out
+
+
+def _adam_step(g, bufs, t, fe, *, b1, b2, eps, amsgrad):
+    """torch.optim.Adam: ``m / (1 - b1^t) / (sqrt(v) / sqrt(1 - b2^t) + eps)``
+    (``eps`` outside the square root, after the bias correction, as optax's
+    ``eps``); amsgrad keeps the running max of the uncorrected ``v``."""
+    m = L.ema(b1, bufs["exp_avg"], g, fe)
+    v = L.ema_sq(b2, bufs["exp_avg_sq"], g, fe)
+    new = {"exp_avg": m, "exp_avg_sq": v}
+    if amsgrad:
+        v = new["max_exp_avg_sq"] = L.maximum(bufs["max_exp_avg_sq"], v, fe)
+    bc1 = 1 - b1**t
+    bc2_sqrt = torch.sqrt(1 - b2**t)
+    denom = L.add(L.div(L.sqrt(v, fe), bc2_sqrt, fe), eps, fe)
+    return L.div(L.div(m, denom, fe), bc1, fe), new
+
+
+def _rmsprop_buffers(*, alpha, eps, momentum, centered) -> dict[str, Any]:
+    out = {"square_avg": 0.0}
+    if centered:
+        out["grad_avg"] = 0.0
+    if not is_zero(momentum):
+        out["momentum_buffer"] = 0.0
+    return out
+
+
+def _rmsprop_step(g, bufs, t, fe, *, alpha, eps, momentum, centered):
+    """torch.optim.RMSprop: ``g / (sqrt(v) + eps)`` (eps outside the root; optax's
+    ``scale_by_rms`` puts it inside), ``v`` the running mean of ``g**2`` (minus the
+    squared running mean of ``g`` when centered); with momentum,
+    ``buf = momentum * buf + g / (sqrt(v) + eps)``."""
+    v = L.ema_sq(alpha, bufs["square_avg"], g, fe)
+    new = {"square_avg": v}
+    if centered:
+        ga = new["grad_avg"] = L.ema(alpha, bufs["grad_avg"], g, fe)
+        v = L.sub(v, L.mul(ga, ga, fe), fe)
+    d = L.div(g, L.add(L.sqrt(v, fe), eps, fe), fe)
+    if "momentum_buffer" in bufs:
+        d = new["momentum_buffer"] = L.add(L.scale(momentum, bufs["momentum_buffer"], fe), d, fe)
+    return d, new
+
+
+def _adagrad_buffers(*, lr_decay, initial_accumulator_value, eps) -> dict[str, Any]:
+    return {"sum": initial_accumulator_value}
+
+
+def _adagrad_step(g, bufs, t, fe, *, lr_decay, initial_accumulator_value, eps):
+    """torch.optim.Adagrad: ``sum += g**2``; ``g / (sqrt(sum) + eps)``, divided by
+    ``1 + (t - 1) * lr_decay``."""
+    s = L.add(bufs["sum"], L.mul(g, g, fe), fe)
+    d = L.div(g, L.add(L.sqrt(s, fe), eps, fe), fe)
+    if not is_zero(lr_decay):
+        d = L.div(d, 1 + (t - 1) * lr_decay, fe)
+    return d, {"sum": s}
+
+
+def _lion_buffers(*, b1, b2) -> dict[str, Any]:
+    return {"exp_avg": 0.0}
+
+
+def _lion_step(g, bufs, t, fe, *, b1, b2):
+    """Lion (Chen et al. 2023, Algorithm 2): ``sign(b1 * m + (1 - b1) * g)``, then
+    ``m = b2 * m + (1 - b2) * g``."""
+    m = bufs["exp_avg"]
+    d = L.sign(L.ema(b1, m, g, fe), fe)
+    return d, {"exp_avg": L.ema(b2, m, g, fe)}
+
+
+KERNELS: dict[str, tuple[Callable, Callable]] = {
+    "sgd": (_sgd_buffers, _sgd_step),
+    "adam": (_adam_buffers, _adam_step),
+    "rmsprop": (_rmsprop_buffers, _rmsprop_step),
+    "adagrad": (_adagrad_buffers, _adagrad_step),
+    "lion": (_lion_buffers, _lion_step),
+}
+
+
+# ------------------------------------------------------------------ transformation
+def _init(params: TensorDict, *, name: str, kernel: str, lr, weight_decay, decoupled, **hp):
+    leaves = L.check_params(f"fd.optim.{name}.init", params)
+    spec = tree.structure(params)
+    entries: dict[str, Any] = {"count": L.new_count(leaves)}
+    for b, fill in KERNELS[kernel][0](**hp).items():
+        entries[b] = L.unflatten(spec, [_full_like(x, fill) for x in leaves])
+    return L.state_td(entries)
+
+
+def _full_like(x: Tensor, fill: Any) -> Tensor:
+    if isinstance(fill, Tensor):
+        return torch.zeros_like(x) + fill.to(x.dtype)
+    return torch.zeros_like(x) if fill == 0 else torch.full_like(x, fill)
+
+
+def _update(updates, state, params=None, *, name, kernel, lr, weight_decay, decoupled, **hp):
+    where = f"fd.optim.{name}.update"
+    buffers_fn, step_fn = KERNELS[kernel]
+    names = tuple(buffers_fn(**hp))
+    L.check_state(where, state, ("count", *names))
+    g, spec = L.flatten(where, "grads", updates)
+    bufs = {}
+    for b in names:
+        sub = state._data[b]
+        leaves, bspec = L.flatten(where, f"opt_state[{b!r}]", sub)
+        L.check_same(where, "grads", g, spec, f"opt_state[{b!r}]", leaves, bspec, updates, sub)
+        bufs[b] = leaves
+    decay = not is_zero(weight_decay)
+    if decay:
+        if params is None:
+            raise ValueError(E.needs_params(where, f"weight_decay={weight_decay!r}"))
+        p, pspec = L.flatten(where, "params", params)
+        L.check_same(where, "grads", g, spec, "params", p, pspec, updates, params)
+    fe = L.foreach(g)
+    count = state._data["count"]
+    new_count = count + 1
+    dtype = L.scalar_dtype(g)
+    if decay and not decoupled:
+        g = L.axpy(weight_decay, p, g, fe)
+    d, new = step_fn(g, bufs, new_count.to(dtype), fe, **hp)
+    if decay and decoupled:
+        d = L.axpy(weight_decay, p, d, fe)
+    if lr is not None:
+        lr_t = lr(count.to(dtype)) if callable(lr) else lr
+        d = L.scale(-lr_t, d, fe)
+    entries = {"count": new_count, **{b: L.unflatten(spec, new[b]) for b in names}}
+    return L.unflatten(spec, d), L.state_td(entries)
+
+
+def kernel_transformation(
+    name: str,
+    kernel: str,
+    *,
+    lr: Any = None,
+    weight_decay: Any = 0.0,
+    decoupled: bool = False,
+    **hp: Any,
+) -> GradientTransformation:
+    """The transformation running ``KERNELS[kernel]``, with optional weight decay
+    (added to the gradient, or to the direction when ``decoupled``) and learning
+    rate (``-lr * direction``; ``lr`` may be a schedule of the step count)."""
+    return transformation(
+        name,
+        _init,
+        _update,
+        kernel=kernel,
+        lr=lr,
+        weight_decay=weight_decay,
+        decoupled=decoupled,
+        **hp,
+    )

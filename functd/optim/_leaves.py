@@ -1,0 +1,170 @@
+"""Leaf-level helpers of the optimizers: flattening, checks, and list ops.
+
+The optimizers work on the flat list of leaves of a TensorDict (optree order,
+namespace ``"functd"``). The list ops call ``torch._foreach_*`` (one dispatch
+for all leaves) on plain eager tensors, and fall back to one op per leaf under
+``torch.compile`` (inductor fuses them anyway) and under ``torch.func``
+transforms (``vmap`` has no batching rule for the foreach ops). Both paths
+compute the same thing: the foreach op *is* the per-tensor op, and no op here is
+in-place, so nothing given is ever written.
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._td import TensorDict, _new
+from .._tree import tree
+from . import _errors as E
+
+Scalar = float | Tensor
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+# ------------------------------------------------------------------ flattening
+def flatten(where: str, what: str, td: Any) -> tuple[list[Tensor], Any]:
+    """Leaves and treespec of a TensorDict (raises a clear TypeError otherwise)."""
+    if not isinstance(td, TensorDict):
+        raise TypeError(E.not_a_td(where, what, td))
+    leaves, spec = tree.flatten(td)
+    return leaves, spec
+
+
+def unflatten(spec: Any, leaves: list[Tensor]) -> TensorDict:
+    return tree.unflatten(spec, leaves)
+
+
+def check_params(where: str, params: Any) -> list[Tensor]:
+    """The leaves of ``params``; every one must be a floating-point tensor."""
+    leaves, _ = flatten(where, "params", params)
+    if not all(x.is_floating_point() for x in leaves):
+        paths = tree.paths(params)
+        for path, x in zip(paths, leaves):
+            if not x.is_floating_point():
+                raise TypeError(E.non_floating(where, path, x.dtype))
+    return leaves
+
+
+def check_state(where: str, state: Any, keys: tuple[str, ...]) -> None:
+    """``state`` must be a TensorDict with exactly the entries ``keys``."""
+    if not isinstance(state, TensorDict):
+        raise TypeError(E.not_a_td(where, "opt_state", state))
+    if tuple(sorted(state._data)) != tuple(sorted(keys)):
+        raise ValueError(E.wrong_state(where, keys, tuple(state._data)))
+
+
+def check_same(where, a_name, a, a_spec, b_name, b, b_spec, a_td, b_td) -> None:
+    """Two flattened TensorDicts must have the same keys and leaf shapes."""
+    if a_spec == b_spec and len(a) == len(b) and all(x.shape == y.shape for x, y in zip(a, b)):
+        return
+    raise ValueError(E.layout_mismatch(where, a_name, a_td, b_name, b_td))
+
+
+def zeros_like(leaves: list[Tensor]) -> list[Tensor]:
+    return [torch.zeros_like(x) for x in leaves]
+
+
+def new_count(leaves: list[Tensor]) -> Tensor:
+    """A fresh int64 step count on the device of the params."""
+    device = leaves[0].device if leaves else None
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
+def scalar_dtype(leaves: list[Tensor]) -> torch.dtype:
+    """The dtype in which step-dependent scalars are computed: the widest floating
+    dtype of the leaves, at least float32."""
+    return torch.float64 if any(x.dtype == torch.float64 for x in leaves) else torch.float32
+
+
+def state_td(entries: dict[str, Any]) -> TensorDict:
+    """An optimizer state: a TensorDict of batch size ``[]`` (entries not checked)."""
+    return _new(entries, torch.Size([]))
+
+
+# ------------------------------------------------------------------ list ops
+def foreach(xs: list[Tensor]) -> bool:
+    """Whether the ``torch._foreach_*`` ops may run on ``xs`` (plain eager tensors)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not any(_is_wrapped(x) for x in xs)
+
+
+def _map(op: str, fe: bool, *args: Any) -> list[Tensor]:
+    if fe:
+        return getattr(torch, "_foreach_" + op)(*args)
+    f = getattr(torch, op)
+    n = len(args[0])
+    return [f(*(a[i] if isinstance(a, list) else a for a in args)) for i in range(n)]
+
+
+def add(xs: list[Tensor], ys: list[Tensor] | Scalar, fe: bool | None = None) -> list[Tensor]:
+    return _map("add", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def sub(xs: list[Tensor], ys: list[Tensor], fe: bool | None = None) -> list[Tensor]:
+    return _map("sub", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def mul(xs: list[Tensor], ys: list[Tensor] | Scalar, fe: bool | None = None) -> list[Tensor]:
+    return _map("mul", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def div(xs: list[Tensor], ys: list[Tensor] | Scalar, fe: bool | None = None) -> list[Tensor]:
+    return _map("div", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def maximum(xs: list[Tensor], ys: list[Tensor], fe: bool | None = None) -> list[Tensor]:
+    return _map("maximum", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def sqrt(xs: list[Tensor], fe: bool | None = None) -> list[Tensor]:
+    return _map("sqrt", foreach(xs) if fe is None else fe, xs)
+
+
+def sign(xs: list[Tensor], fe: bool | None = None) -> list[Tensor]:
+    return _map("sign", foreach(xs) if fe is None else fe, xs)
+
+
+def axpy(a: Scalar, xs: list[Tensor], ys: list[Tensor], fe: bool) -> list[Tensor]:
+    """``a * xs + ys``."""
+    if isinstance(a, Number):
+        if a == 0:
+            return ys
+        if fe:
+            return torch._foreach_add(ys, xs, alpha=a)
+        return [torch.add(y, x, alpha=a) for x, y in zip(xs, ys)]
+    return _map("add", fe, _map("mul", fe, xs, a), ys)
+
+
+def scale(a: Scalar, xs: list[Tensor], fe: bool) -> list[Tensor]:
+    """``a * xs`` (returns ``xs`` itself when ``a`` is the number 1)."""
+    if isinstance(a, Number) and a == 1:
+        return xs
+    return _map("mul", fe, xs, a)
+
+
+def ema(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list[Tensor]:
+    """``decay * avg + (1 - decay) * xs`` (as torch.optim's ``lerp(xs, 1 - decay)``)."""
+    if isinstance(decay, Number) and fe:
+        return torch._foreach_lerp(avg, xs, 1 - decay)
+    return _map("add", fe, _map("mul", fe, avg, decay), _map("mul", fe, xs, 1 - decay))
+
+
+def ema_sq(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list[Tensor]:
+    """``decay * avg + (1 - decay) * xs**2``."""
+    if isinstance(decay, Number) and fe:
+        return torch._foreach_addcmul(torch._foreach_mul(avg, decay), xs, xs, value=1 - decay)
+    sq = _map("mul", fe, xs, xs)
+    return _map("add", fe, _map("mul", fe, avg, decay), _map("mul", fe, sq, 1 - decay))
+
+
+def global_norm(xs: list[Tensor], fe: bool) -> Tensor:
+    """The 2-norm of all leaves together (0 for no leaves)."""
+    if not xs:
+        return torch.zeros(())
+    norms = torch._foreach_norm(xs) if fe else [torch.linalg.vector_norm(x) for x in xs]
+    return torch.linalg.vector_norm(torch.stack(norms))
