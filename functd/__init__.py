@@ -22,6 +22,8 @@ from ._shape import cat as cat
 from ._shape import stack as stack
 from ._shape import unbind as unbind
 from ._td import TensorDict as TensorDict
+from ._train import fit as fit
+from ._train import train_step as train_step
 from ._tree import tree as tree
 
 __version__ = "0.1.0"

@@ -2,9 +2,13 @@
 transformation that runs any of them.
 
 Each kernel is two functions: ``buffers(**hp)`` (the per-parameter statistics
-it keeps, with their initial value) and ``step(g, bufs, t, fe, **hp)`` (the
-direction and the new statistics; ``t`` is the new step count as a float
-tensor, so bias corrections never recompile or sync). The same kernel serves
+it keeps, with their initial value) and ``step(g, bufs, t, fe, **hp)``, which returns
+``(direction, new statistics, factor, fresh)``: the direction is
+``factor * direction`` (``factor`` None means 1; folding it into the learning
+rate saves a pass over the leaves), and ``fresh`` says the direction list was
+allocated by the kernel alone (so the caller may scale it in place). ``t`` is
+the new step count as a float tensor, so bias corrections never recompile or
+sync. The same kernel serves
 the building block (``scale_by_adam``: the direction only) and the optimizer
 (``adam``: weight decay and the learning rate around it), so the two agree by
 construction.
@@ -39,15 +43,16 @@ def _sgd_step(g, bufs, t, fe, *, momentum, dampening, nesterov):
     first step where ``buf = g`` (no dampening); nesterov uses ``g + momentum * buf``.
     (optax's ``trace`` has no dampening and no first-step rule.)"""
     if not bufs:
-        return g, {}
+        return g, {}, None, False
     buf = bufs["momentum_buffer"]
     if is_zero(dampening):  # buf starts at 0, so the first step gives g exactly
         new = L.axpy(momentum, buf, g, fe)
     else:
         c = 1 - dampening * (t > 1).to(t.dtype)
         new = L.add(L.scale(momentum, buf, fe), L.scale(c, g, fe), fe)
-    d = L.axpy(momentum, new, g, fe) if nesterov else new
-    return d, {"momentum_buffer": new}
+    if nesterov:
+        return L.axpy(momentum, new, g, fe), {"momentum_buffer": new}, None, True
+    return new, {"momentum_buffer": new}, None, False
 
 
 def _adam_buffers(*, b1, b2, eps, amsgrad) -> dict[str, Any]:
@@ -60,7 +65,9 @@ def _adam_buffers(*, b1, b2, eps, amsgrad) -> dict[str, Any]:
 def _adam_step(g, bufs, t, fe, *, b1, b2, eps, amsgrad):
     """torch.optim.Adam: ``m / (1 - b1^t) / (sqrt(v) / sqrt(1 - b2^t) + eps)``
     (``eps`` outside the square root, after the bias correction, as optax's
-    ``eps``); amsgrad keeps the running max of the uncorrected ``v``."""
+    ``eps``); amsgrad keeps the running max of the uncorrected ``v``. Computed as
+    ``m / (sqrt(v) + eps * sqrt(1 - b2^t))`` times ``sqrt(1 - b2^t) / (1 - b1^t)``
+    (the same number, fewer passes over the leaves)."""
     m = L.ema(b1, bufs["exp_avg"], g, fe)
     v = L.ema_sq(b2, bufs["exp_avg_sq"], g, fe)
     new = {"exp_avg": m, "exp_avg_sq": v}
@@ -68,8 +75,8 @@ def _adam_step(g, bufs, t, fe, *, b1, b2, eps, amsgrad):
         v = new["max_exp_avg_sq"] = L.maximum(bufs["max_exp_avg_sq"], v, fe)
     bc1 = 1 - b1**t
     bc2_sqrt = torch.sqrt(1 - b2**t)
-    denom = L.add(L.div(L.sqrt(v, fe), bc2_sqrt, fe), eps, fe)
-    return L.div(L.div(m, denom, fe), bc1, fe), new
+    denom = L.add_fresh(L.sqrt(v, fe), eps * bc2_sqrt, fe, fresh=True)
+    return L.div(m, denom, fe), new, bc2_sqrt / bc1, True
 
 
 def _rmsprop_buffers(*, alpha, eps, momentum, centered) -> dict[str, Any]:
@@ -91,10 +98,12 @@ def _rmsprop_step(g, bufs, t, fe, *, alpha, eps, momentum, centered):
     if centered:
         ga = new["grad_avg"] = L.ema(alpha, bufs["grad_avg"], g, fe)
         v = L.sub(v, L.mul(ga, ga, fe), fe)
-    d = L.div(g, L.add(L.sqrt(v, fe), eps, fe), fe)
+    d = L.div(g, L.add_fresh(L.sqrt(v, fe), eps, fe, fresh=True), fe)
     if "momentum_buffer" in bufs:
-        d = new["momentum_buffer"] = L.add(L.scale(momentum, bufs["momentum_buffer"], fe), d, fe)
-    return d, new
+        buf = L.add(L.scale(momentum, bufs["momentum_buffer"], fe), d, fe)
+        new["momentum_buffer"] = buf
+        return buf, new, None, False
+    return d, new, None, True
 
 
 def _adagrad_buffers(*, lr_decay, initial_accumulator_value, eps) -> dict[str, Any]:
@@ -105,10 +114,9 @@ def _adagrad_step(g, bufs, t, fe, *, lr_decay, initial_accumulator_value, eps):
     """torch.optim.Adagrad: ``sum += g**2``; ``g / (sqrt(sum) + eps)``, divided by
     ``1 + (t - 1) * lr_decay``."""
     s = L.add(bufs["sum"], L.mul(g, g, fe), fe)
-    d = L.div(g, L.add(L.sqrt(s, fe), eps, fe), fe)
-    if not is_zero(lr_decay):
-        d = L.div(d, 1 + (t - 1) * lr_decay, fe)
-    return d, {"sum": s}
+    d = L.div(g, L.add_fresh(L.sqrt(s, fe), eps, fe, fresh=True), fe)
+    factor = None if is_zero(lr_decay) else 1 / (1 + (t - 1) * lr_decay)
+    return d, {"sum": s}, factor, True
 
 
 def _lion_buffers(*, b1, b2) -> dict[str, Any]:
@@ -120,7 +128,7 @@ def _lion_step(g, bufs, t, fe, *, b1, b2):
     ``m = b2 * m + (1 - b2) * g``."""
     m = bufs["exp_avg"]
     d = L.sign(L.ema(b1, m, g, fe), fe)
-    return d, {"exp_avg": L.ema(b2, m, g, fe)}
+    return d, {"exp_avg": L.ema(b2, m, g, fe)}, None, True
 
 
 KERNELS: dict[str, tuple[Callable, Callable]] = {
@@ -172,14 +180,35 @@ def _update(updates, state, params=None, *, name, kernel, lr, weight_decay, deco
     dtype = L.scalar_dtype(g)
     if decay and not decoupled:
         g = L.axpy(weight_decay, p, g, fe)
-    d, new = step_fn(g, bufs, new_count.to(dtype), fe, **hp)
-    if decay and decoupled:
-        d = L.axpy(weight_decay, p, d, fe)
+    d, new, factor, fresh = step_fn(g, bufs, new_count.to(dtype), fe, **hp)
+    neg_lr = None
     if lr is not None:
         lr_t = lr(count.to(dtype)) if callable(lr) else lr
-        d = L.scale(-lr_t, d, fe)
+        neg_lr = -lr_t
+    if decay and decoupled:
+        d = L.scale_fresh(d, factor, fe, fresh)
+        fresh = fresh or factor is not None
+        d = L.axpy(weight_decay, p, d, fe) if not (fe and fresh) else _axpy_(weight_decay, p, d)
+        d = L.scale_fresh(d, neg_lr, fe, True)
+    else:
+        d = L.scale_fresh(d, _times(factor, neg_lr), fe, fresh)
     entries = {"count": new_count, **{b: L.unflatten(spec, new[b]) for b in names}}
     return L.unflatten(spec, d), L.state_td(entries)
+
+
+def _times(a, b):
+    if a is None:
+        return b
+    return a if b is None else a * b
+
+
+def _axpy_(a, xs, ys):
+    """``ys += a * xs`` on a fresh foreach list (``a`` a number or 0-dim tensor)."""
+    if isinstance(a, Tensor):
+        torch._foreach_add_(ys, torch._foreach_mul(xs, a))
+    else:
+        torch._foreach_add_(ys, xs, alpha=a)
+    return ys
 
 
 def kernel_transformation(

@@ -157,9 +157,30 @@ def ema(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list[Te
 def ema_sq(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list[Tensor]:
     """``decay * avg + (1 - decay) * xs**2``."""
     if isinstance(decay, Number) and fe:
-        return torch._foreach_addcmul(torch._foreach_mul(avg, decay), xs, xs, value=1 - decay)
+        out = torch._foreach_mul(avg, decay)
+        torch._foreach_addcmul_(out, xs, xs, value=1 - decay)
+        return out
     sq = _map("mul", fe, xs, xs)
     return _map("add", fe, _map("mul", fe, avg, decay), _map("mul", fe, sq, 1 - decay))
+
+
+def scale_fresh(xs: list[Tensor], a: Scalar | None, fe: bool, fresh: bool) -> list[Tensor]:
+    """``a * xs``, in place when ``xs`` is ``fresh`` (allocated by the caller, shared
+    with nothing) and the foreach path runs; ``a=None`` means 1."""
+    if a is None or (isinstance(a, Number) and a == 1):
+        return xs
+    if fe and fresh:
+        torch._foreach_mul_(xs, a)
+        return xs
+    return _map("mul", fe, xs, a)
+
+
+def add_fresh(xs: list[Tensor], ys: list[Tensor] | Scalar, fe: bool, fresh: bool) -> list[Tensor]:
+    """``xs + ys``, in place on ``xs`` when it is ``fresh`` (see ``scale_fresh``)."""
+    if fe and fresh:
+        torch._foreach_add_(xs, ys)
+        return xs
+    return _map("add", fe, xs, ys)
 
 
 def global_norm(xs: list[Tensor], fe: bool) -> Tensor:
