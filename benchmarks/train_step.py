@@ -189,11 +189,15 @@ def main():
     for model in ("tutorial block", "MLP 4x256"):
         r = {name: ratio for m, name, _, ratio in rows if m == model}
         print(f"\ntargets ({model}):")
-        print(f"  functd eager <= 1.1x torch eager: {r['functd eager']:.2f}x -> "
-              f"{'met' if r['functd eager'] <= 1.1 else 'MISSED'}")
+        print(
+            f"  functd eager <= 1.1x torch eager: {r['functd eager']:.2f}x -> "
+            f"{'met' if r['functd eager'] <= 1.1 else 'MISSED'}"
+        )
         if COMPILE:
-            print(f"  functd compiled <= 0.8x torch eager: {r['functd compiled']:.2f}x -> "
-                  f"{'met' if r['functd compiled'] <= 0.8 else 'MISSED'}")
+            print(
+                f"  functd compiled <= 0.8x torch eager: {r['functd compiled']:.2f}x -> "
+                f"{'met' if r['functd compiled'] <= 0.8 else 'MISSED'}"
+            )
     print(f"\n## ensemble of {MEMBERS} tutorial blocks, batch {BATCH} each\n")
     erows = run_ensemble()
     print(table(["version", "µs", "/ loops"], erows))
