@@ -159,6 +159,7 @@ def test_vmap_train_step_over_members_and_keys():
     for i in range(3):
         p, s, m = step(ens[i], opt.init(ens[i]), batch, keys[i])
         assert_close(vp[i], p, rtol=1e-10, atol=1e-12)
+        assert_close(vs[i], s, rtol=1e-10, atol=1e-12)
         assert_close(vm[i], m, rtol=1e-10, atol=1e-12)
 
 
@@ -259,7 +260,7 @@ def test_skip_nonfinite_skips_and_counts():
     bad = fd.TensorDict({"w": torch.tensor([1.0, float("inf"), 1.0], dtype=DT)})
     opt = fd.optim.skip_nonfinite(fd.optim.adam(0.1))
     s0 = opt.init(params)
-    u, s1 = opt.update(good, s0, params)
+    _, s1 = opt.update(good, s0, params)
     u_bad, s2 = opt.update(bad, s1, params)
     assert torch.equal(u_bad["w"], torch.zeros(3, dtype=DT))
     assert_close(s2["inner_state"], s1["inner_state"])
