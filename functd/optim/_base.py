@@ -116,12 +116,12 @@ def transformation(name: str, init: Callable, update: Callable, **hparams: Any):
 
 # ------------------------------------------------------------------ identity
 def _identity_init(params: TensorDict, *, name: str) -> TensorDict:
-    L.check_params(name, params)
+    L.check_params(f"fd.optim.{name}.init", params)
     return _new({}, torch.Size([]))
 
 
 def _identity_update(updates, state, params=None, *, name: str):
-    L.check_state(name, state, ())
+    L.check_state(f"fd.optim.{name}.update", state, ())
     return updates, state
 
 
@@ -141,7 +141,7 @@ def _chain_init(params: TensorDict, *, name: str, txs: tuple) -> TensorDict:
 
 
 def _chain_update(updates, state, params=None, *, name: str, txs: tuple):
-    L.check_state(name, state, tuple(str(i) for i in range(len(txs))))
+    L.check_state(f"fd.optim.{name}.update", state, tuple(str(i) for i in range(len(txs))))
     new = {}
     for i, tx in enumerate(txs):
         updates, new[str(i)] = tx.update(updates, state._data[str(i)], params)

@@ -84,15 +84,15 @@ def inject_hyperparams(
         >>> state = opt.init(params)
         >>> state = state.set(("hyperparams", "lr"), torch.tensor(0.01))
     """
-    if not callable(factory):
-        raise TypeError(
-            f"fd.optim.inject_hyperparams takes an optimizer factory such as fd.optim.adam "
-            f"(not called), got a {type(factory).__name__}."
-        )
     if isinstance(factory, GradientTransformation):
         raise TypeError(
             "fd.optim.inject_hyperparams takes the factory, not a built optimizer: write "
             "inject_hyperparams(fd.optim.adam)(lr=1e-3), not inject_hyperparams(fd.optim.adam(1e-3))."
+        )
+    if not callable(factory):
+        raise TypeError(
+            f"fd.optim.inject_hyperparams takes an optimizer factory such as fd.optim.adam "
+            f"(not called), got a {type(factory).__name__}."
         )
     sig = inspect.signature(factory)
     fname = getattr(factory, "__name__", "optimizer")
