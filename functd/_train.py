@@ -28,6 +28,7 @@ from . import random as fr
 from ._shape import stack
 from ._td import TensorDict
 from ._tree import tree
+from .optim import _leaves as L
 from .optim._base import GradientTransformation, apply_updates
 
 __all__ = ["fit", "train_step"]
@@ -84,7 +85,7 @@ def value_and_grad(where: str, loss_fn: Callable, params: TensorDict, *args: Any
     (views, no data copied), which skips functorch's per-op wrapping overhead;
     ``params`` is not modified either way.
     """
-    leaves, spec = tree.flatten(params)
+    leaves, spec = L.flatten(where, "params", params)
 
     def f(p, *a):
         return _split_aux(where, loss_fn(p, *a))
@@ -94,14 +95,14 @@ def value_and_grad(where: str, loss_fn: Callable, params: TensorDict, *args: Any
         return loss, aux, grads
     with torch.enable_grad():
         inputs = [x.detach().requires_grad_() for x in leaves]
-        loss, aux = f(tree.unflatten(spec, inputs), *args)
+        loss, aux = f(L.unflatten(spec, inputs), *args)
         if not loss.requires_grad:  # the loss does not depend on params
             gs = [None] * len(inputs)
         else:
             gs = torch.autograd.grad(loss, inputs, allow_unused=True)
     gs = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, gs)]
     aux = tree.map(lambda t: t.detach() if isinstance(t, Tensor) else t, aux)
-    return loss.detach(), aux, tree.unflatten(spec, gs)
+    return loss.detach(), aux, L.unflatten(spec, gs)
 
 
 def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -> Step:

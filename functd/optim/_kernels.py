@@ -26,7 +26,6 @@ import torch
 from torch import Tensor
 
 from .._td import TensorDict
-from .._tree import tree
 from . import _errors as E
 from . import _leaves as L
 from ._base import GradientTransformation, transformation
@@ -143,7 +142,7 @@ KERNELS: dict[str, tuple[Callable, Callable]] = {
 # ------------------------------------------------------------------ transformation
 def _init(params: TensorDict, *, name: str, kernel: str, lr, weight_decay, decoupled, **hp):
     leaves = L.check_params(f"fd.optim.{name}.init", params)
-    spec = tree.structure(params)
+    spec = params
     entries: dict[str, Any] = {"count": L.new_count(leaves)}
     for b, fill in KERNELS[kernel][0](**hp).items():
         entries[b] = L.unflatten(spec, [_full_like(x, fill) for x in leaves])
