@@ -60,7 +60,9 @@ def main() -> None:
     data = make_data(k_data)
 
     model = fd.Module(
-        fd.nn.MLP(1, 1, num_cells=(64, 64), activation=fd.nn.Tanh()), in_keys=["x"], out_keys=["pred"]
+        fd.nn.MLP(1, 1, num_cells=(64, 64), activation=fd.nn.Tanh()),
+        in_keys=["x"],
+        out_keys=["pred"],
     )
     params = model.init(k_init)
 
