@@ -7,8 +7,9 @@ it keeps, with their initial value) and ``step(g, bufs, t, fe, **hp)``, which re
 ``factor * direction`` (``factor`` None means 1; folding it into the learning
 rate saves a pass over the leaves), and ``fresh`` says the direction list was
 allocated by the kernel alone (so the caller may scale it in place). ``t`` is
-the new step count as a float tensor, so bias corrections never recompile or
-sync. The same kernel serves
+the new step count as a float tensor under ``torch.compile``, ``vmap`` and on
+accelerators (bias corrections never recompile nor sync), a Python float on the
+eager CPU path (fewer tiny tensor ops; CPU reads cost no sync). The same kernel serves
 the building block (``scale_by_adam``: the direction only) and the optimizer
 (``adam``: weight decay and the learning rate around it), so the two agree by
 construction.
@@ -47,7 +48,7 @@ def _sgd_step(g, bufs, t, fe, *, momentum, dampening, nesterov):
     if is_zero(dampening):  # buf starts at 0, so the first step gives g exactly
         new = L.axpy(momentum, buf, g, fe)
     else:
-        c = 1 - dampening * (t > 1).to(t.dtype)
+        c = 1 - dampening * ((t > 1).to(t.dtype) if isinstance(t, Tensor) else float(t > 1))
         new = L.add(L.scale(momentum, buf, fe), L.scale(c, g, fe), fe)
     if nesterov:
         return L.axpy(momentum, new, g, fe), {"momentum_buffer": new}, None, True
@@ -73,7 +74,7 @@ def _adam_step(g, bufs, t, fe, *, b1, b2, eps, amsgrad):
     if amsgrad:
         v = new["max_exp_avg_sq"] = L.maximum(bufs["max_exp_avg_sq"], v, fe)
     bc1 = 1 - b1**t
-    bc2_sqrt = torch.sqrt(1 - b2**t)
+    bc2_sqrt = (1 - b2**t) ** 0.5
     denom = L.add_fresh(L.sqrt(v, fe), eps * bc2_sqrt, fe, fresh=True)
     return L.div(m, denom, fe), new, bc2_sqrt / bc1, True
 
@@ -179,7 +180,11 @@ def _update(updates, state, params=None, *, name, kernel, lr, weight_decay, deco
     dtype = L.scalar_dtype(g)
     if decay and not decoupled:
         g = L.axpy(weight_decay, p, g, fe)
-    d, new, factor, fresh = step_fn(g, bufs, new_count.to(dtype), fe, **hp)
+    # the step count as a float: a Python number on the eager CPU path (as
+    # torch.optim's default, non-capturable step), else a tensor (no sync, no
+    # recompilation, capturable in a CUDA graph)
+    t = float(new_count) if fe and new_count.device.type == "cpu" else new_count.to(dtype)
+    d, new, factor, fresh = step_fn(g, bufs, t, fe, **hp)
     neg_lr = None
     if lr is not None:
         lr_t = lr(count.to(dtype)) if callable(lr) else lr

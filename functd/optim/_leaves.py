@@ -77,7 +77,7 @@ def _build(td: TensorDict, it) -> TensorDict:
 
 
 def _same_keys(a: TensorDict, b: TensorDict) -> bool:
-    if a._data.keys() != b._data.keys():
+    if not (a._spec is not None and a._spec is b._spec) and a._data.keys() != b._data.keys():
         return False
     for k, v in a._data.items():
         w = b._data[k]
