@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .._td import TensorDict, _new
-from .._tree import tree
+from .._tree import _spec, tree
 from . import _errors as E
 
 Scalar = float | Tensor
@@ -40,16 +40,11 @@ def flatten(where: str, what: str, td: Any) -> tuple[list[Tensor], TensorDict]:
     return out, td
 
 
-def _sorted_keys(td: TensorDict):
-    spec = td._spec
-    return spec.keys if spec is not None else sorted(td._data)
-
-
 def _walk(td: TensorDict, out: list) -> None:
     data = td._data
-    for k in _sorted_keys(td):
+    for k in (td._spec or _spec(td)).keys:
         v = data[k]
-        if isinstance(v, TensorDict):
+        if type(v) is TensorDict:
             _walk(v, out)
         else:
             out.append(v)
@@ -63,16 +58,15 @@ def unflatten(template: TensorDict, leaves: list[Tensor]) -> TensorDict:
 
 def _build(td: TensorDict, it) -> TensorDict:
     data = td._data
-    keys = _sorted_keys(td)
+    spec = td._spec or _spec(td)
     vals = {}
-    for k in keys:
+    for k in spec.keys:
         v = data[k]
-        vals[k] = _build(v, it) if isinstance(v, TensorDict) else next(it)
-    if list(data) != list(keys):
-        vals = {k: vals[k] for k in data}
+        vals[k] = _build(v, it) if type(v) is TensorDict else next(it)
+    if spec.order is not None:  # insertion order differs from the sorted one
+        vals = {k: vals[k] for k in spec.order}
     out = _new(vals, td._batch_size)
-    if td._spec is not None:
-        object.__setattr__(out, "_spec", td._spec)
+    object.__setattr__(out, "_spec", spec)  # same keys and ranks: share the cached spec
     return out
 
 
