@@ -67,6 +67,8 @@ def _build(td: TensorDict, it) -> TensorDict:
         vals = {k: vals[k] for k in spec.order}
     out = _new(vals, td._batch_size)
     object.__setattr__(out, "_spec", spec)  # same keys and ranks: share the cached spec
+    if td._checked is not None:  # same keys and shapes: a module's params check holds too
+        object.__setattr__(out, "_checked", td._checked)
     return out
 
 
