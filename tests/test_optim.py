@@ -275,3 +275,12 @@ def test_inject_hyperparams_schedule_is_evaluated_at_the_count():
         updates, state = opt.update(g, state)
         assert torch.allclose(updates["w"], torch.full((2,), -(0.5**t), dtype=DT))
         assert state["hyperparams", "lr"].item() == 0.5**t
+
+
+def test_every_optimizer_has_a_lockstep_case():
+    from functd.optim import _alias
+
+    public = {n for n in dir(_alias) if not n.startswith("_") and n in fd.optim.__all__}
+    assert public == {"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion"}
+    covered = {name.split("_")[0] for name in CASES}
+    assert public <= covered, f"no lockstep case for {sorted(public - covered)}"

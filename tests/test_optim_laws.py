@@ -312,3 +312,26 @@ def test_to_module_after_training_gives_the_trained_torch_module():
     with torch.no_grad():
         torch.testing.assert_close(net(x), forward(p, x), rtol=0, atol=0)
     assert not torch.allclose(net(x), forward(params, x))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_every_optimizer_compiles_fullgraph(name):
+    """No graph break in any optimizer's update (dynamo only: backend="eager")."""
+    torch._dynamo.reset()
+    params = fd.TensorDict({"w": torch.ones(2, 3, dtype=DT), "b": {"c": torch.zeros(3, dtype=DT)}})
+    g = params.apply(lambda x: torch.cos(x) + 0.5)
+    opt = OPTIMIZERS[name]()
+
+    def step(p, s):
+        u, s = opt.update(g, s, p)
+        return fd.optim.apply_updates(p, u), s
+
+    compiled = torch.compile(step, fullgraph=True, backend="eager")
+    ep, es = params, opt.init(params)
+    cp, cs = ep, es
+    for _ in range(2):
+        ep, es = step(ep, es)
+        cp, cs = compiled(cp, cs)
+    assert_close(cp, ep, rtol=1e-12, atol=1e-14)
+    assert_close(cs, es, rtol=1e-12, atol=1e-14)

@@ -6,6 +6,10 @@ is a TensorDict (per-parameter statistics shaped like the params, and a scalar
 ``vmap`` maps over. Nothing given is modified; every step compiles with
 ``torch.compile(fullgraph=True)`` and runs under ``torch.func.vmap``.
 
+NaN or inf gradients flow through as in torch.optim (the state and then the
+params become NaN); wrap the optimizer with :func:`skip_nonfinite` to skip
+such steps instead.
+
 Example:
     >>> opt = fd.optim.adam(1e-3)
     >>> state = opt.init(params)
