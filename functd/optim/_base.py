@@ -101,7 +101,8 @@ class GradientTransformation(NamedTuple):
         kw = {
             k: v
             for k, v in self.update.kwargs.items()
-            if k not in ("name", "kernel", "decoupled", "fn", "factory") and not (k == "lr" and v is None)
+            if k not in ("name", "kernel", "decoupled", "fn", "factory")
+            and not (k == "lr" and v is None)
         }
         return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
 
