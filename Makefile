@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python examples/tutorial.py
 	$(BIN)/python examples/ensembles.py
+	QUICK=1 $(BIN)/python examples/train_regression.py
+	QUICK=1 $(BIN)/python examples/train_ensemble.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

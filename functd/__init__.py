@@ -9,6 +9,7 @@ Example:
 
 from . import _tree
 from . import nn as nn
+from . import optim as optim
 from . import random as random
 from . import testing as testing
 from ._autodiff import grad as grad
@@ -37,6 +38,8 @@ from ._shape import stack as stack
 from ._shape import unbind as unbind
 from ._shape import unstack as unstack
 from ._td import TensorDict as TensorDict
+from ._train import fit as fit
+from ._train import train_step as train_step
 from ._tree import tree as tree
 from ._vmap import TransformError as TransformError
 from ._vmap import vmap as vmap

@@ -1,0 +1,239 @@
+"""Training helpers: ``train_step`` (one pure step) and ``fit`` (the epoch loop).
+
+``train_step(loss_fn, optimizer)`` returns the pure function
+``step(params, opt_state, batch, key) -> (params, opt_state, metrics)``: the
+gradient of ``loss_fn``, the optimizer update and ``apply_updates``, nothing
+modified. Compile it, vmap it over an ensemble, or hand it to ``fit``.
+
+Example:
+    >>> def loss_fn(params, batch, key):
+    ...     return ((model(params, x=batch["x"]) - batch["y"]) ** 2).mean()
+    >>> step = fd.train_step(loss_fn, fd.optim.adam(1e-3))
+    >>> params, opt_state, metrics = step(params, opt.init(params), batch, None)
+    >>> params, opt_state, history = fd.fit(step, params, opt_state, batches, key, epochs=5)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from . import random as fr
+from ._shape import stack
+from ._td import TensorDict
+from ._tree import tree
+from .optim import _leaves as L
+from .optim._base import GradientTransformation, apply_updates
+
+__all__ = ["fit", "train_step"]
+
+Step = Callable[[TensorDict, TensorDict, Any, Any], tuple[TensorDict, TensorDict, TensorDict]]
+
+
+def _split_aux(where: str, out: Any) -> tuple[Tensor, Any]:
+    loss, aux = (out[0], out[1]) if isinstance(out, tuple) and len(out) == 2 else (out, {})
+    if not isinstance(loss, Tensor) or loss.ndim != 0:
+        raise TypeError(
+            f"{where}: loss_fn(params, batch, key) must return a scalar tensor (the loss) or a "
+            f"pair (loss, aux); got {_describe(loss)}. Reduce the loss to a scalar, e.g. "
+            ".mean(); under vmap, return each member's scalar."
+        )
+    return loss, aux
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"a tensor of shape {list(x.shape)}"
+    return f"a {type(x).__name__}"
+
+
+def _metrics(where: str, loss: Tensor, aux: Any) -> TensorDict:
+    entries: dict[str, Any] = {"loss": loss.detach()}
+    if isinstance(aux, TensorDict | Mapping):
+        items = aux.items() if isinstance(aux, Mapping) else aux._data.items()
+        for k, v in items:
+            entries[k] = v.detach() if isinstance(v, Tensor) else v
+    elif isinstance(aux, Tensor):
+        entries["aux"] = aux.detach()
+    else:
+        raise TypeError(
+            f"{where}: the aux of loss_fn must be a tensor, a dict of tensors or a TensorDict "
+            f"(it becomes the metrics); got a {type(aux).__name__}."
+        )
+    return TensorDict(entries, [])
+
+
+def _plain(leaves: list[Tensor]) -> bool:
+    if torch.compiler.is_compiling():
+        return False
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    return not any(wrapped(x) for x in leaves)
+
+
+def value_and_grad(where: str, loss_fn: Callable, params: TensorDict, *args: Any):
+    """``(loss, aux), grads`` of ``loss_fn(params, *args)`` with respect to ``params``.
+
+    Under ``torch.compile`` and ``torch.func`` transforms this is
+    ``torch.func.grad_and_value``. On plain eager tensors it is the same
+    computation through ``torch.autograd.grad`` on detached copies of the leaves
+    (views, no data copied), which skips functorch's per-op wrapping overhead;
+    ``params`` is not modified either way.
+    """
+    leaves, spec = L.flatten(where, "params", params)
+
+    def f(p, *a):
+        return _split_aux(where, loss_fn(p, *a))
+
+    if not _plain(leaves):
+        grads, (loss, aux) = torch.func.grad_and_value(f, has_aux=True)(params, *args)
+        return loss, aux, grads
+    with torch.enable_grad():
+        inputs = [x.detach().requires_grad_() for x in leaves]
+        loss, aux = f(L.unflatten(spec, inputs), *args)
+        if not loss.requires_grad:  # the loss does not depend on params
+            gs = [None] * len(inputs)
+        else:
+            gs = torch.autograd.grad(loss, inputs, allow_unused=True)
+    gs = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, gs)]
+    aux = tree.map(lambda t: t.detach() if isinstance(t, Tensor) else t, aux)
+    return loss.detach(), aux, L.unflatten(spec, gs)
+
+
+def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -> Step:
+    """Build the pure training step ``step(params, opt_state, batch, key)``.
+
+    Args:
+        loss_fn: ``loss_fn(params, batch, key)`` returning the scalar loss, or
+            ``(loss, aux)`` with ``aux`` a tensor, dict of tensors or TensorDict.
+            ``key`` is passed through as given (``None`` for a deterministic loss).
+        optimizer: a GradientTransformation such as ``fd.optim.adam(1e-3)``.
+
+    Returns:
+        ``step(params, opt_state, batch, key) -> (params, opt_state, metrics)``,
+        ``metrics`` a TensorDict holding ``loss`` (before the update) and the
+        entries of ``aux`` (detached). Pure: nothing given is modified.
+
+    Raises:
+        TypeError: ``optimizer`` is not a GradientTransformation; at call time,
+            ``loss_fn`` returns something else than a scalar loss (and aux).
+
+    Example:
+        >>> step = torch.compile(fd.train_step(loss_fn, fd.optim.adam(1e-3)), fullgraph=True)
+        >>> params, opt_state, metrics = step(params, opt_state, batch, key)
+    """
+    if not isinstance(optimizer, GradientTransformation):
+        raise TypeError(
+            f"fd.train_step(loss_fn, optimizer): optimizer must be a GradientTransformation "
+            f"such as fd.optim.adam(1e-3), got a {type(optimizer).__name__}."
+        )
+    if not callable(loss_fn):
+        raise TypeError(f"fd.train_step: loss_fn must be callable, got {type(loss_fn).__name__}.")
+    where = f"fd.train_step({getattr(loss_fn, '__name__', 'loss_fn')}, ...)"
+
+    def step(params: TensorDict, opt_state: TensorDict, batch: Any, key: Any = None):
+        loss, aux, grads = value_and_grad(where, loss_fn, params, batch, key)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return apply_updates(params, updates), opt_state, _metrics(where, loss, aux)
+
+    step.__doc__ = f"One training step of {where}: (params, opt_state, batch, key) -> (params, opt_state, metrics)."
+    return step
+
+
+# ------------------------------------------------------------------ fit
+def _progress_bar(total: int | None, desc: str):
+    if importlib.util.find_spec("tqdm") is None:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc=desc, leave=True)
+
+
+def fit(
+    step: Step,
+    params: TensorDict,
+    opt_state: TensorDict,
+    batches: Iterable[Any] | Callable[[int], Iterable[Any]],
+    key: Tensor | None = None,
+    *,
+    epochs: int = 1,
+    progress: bool = True,
+    print_every: int = 1,
+) -> tuple[TensorDict, TensorDict, TensorDict]:
+    """Run ``step`` over ``batches`` for ``epochs`` epochs; return the history too.
+
+    Args:
+        step: ``step(params, opt_state, batch, key)``, e.g. from :func:`train_step`
+            (compiled or vmapped is fine).
+        params, opt_state: the starting values (not modified).
+        batches: a re-iterable of batches (a list, a DataLoader), or a function
+            ``epoch -> iterable`` (e.g. to reshuffle with ``fd.random``).
+        key: a PRNG key; step ``i`` (counted over all epochs) gets
+            ``fd.random.fold_in(key, i)``. ``None`` passes ``None``.
+        epochs: number of passes over ``batches``.
+        progress: show a progress bar (tqdm when installed) or, without tqdm,
+            print one line per ``print_every`` epochs with the mean metrics.
+
+    Returns:
+        ``(params, opt_state, history)``: ``history`` is a TensorDict of batch
+        size ``[steps]`` stacking every step's metrics (``history["loss"]``).
+
+    Raises:
+        ValueError: ``epochs < 1``; an iterator (exhausted after one pass) with
+            ``epochs > 1``; no batches at all.
+
+    Example:
+        >>> params, opt_state, hist = fd.fit(step, params, opt_state, batches, epochs=10)
+        >>> hist["loss"][-1]
+    """
+    if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
+        raise ValueError(f"fd.fit(epochs={epochs!r}): epochs must be an int >= 1.")
+    if not callable(batches) and iter(batches) is batches and epochs > 1:
+        raise ValueError(
+            "fd.fit: batches is an iterator, which is exhausted after one epoch; pass a list "
+            "or another re-iterable (a DataLoader), or a function epoch -> iterable."
+        )
+    history: list[TensorDict] = []
+    i = 0
+    for epoch in range(epochs):
+        source = batches(epoch) if callable(batches) else batches
+        total = len(source) if hasattr(source, "__len__") else None
+        bar = _progress_bar(total, f"epoch {epoch + 1}/{epochs}") if progress else None
+        start, n0 = time.perf_counter(), len(history)
+        for batch in source:
+            k = None if key is None else fr.fold_in(key, i)
+            params, opt_state, metrics = step(params, opt_state, batch, k)
+            history.append(metrics)
+            i += 1
+            if bar is not None:
+                bar.update(1)
+                if i % 10 == 0:
+                    bar.set_postfix(loss=f"{float(metrics['loss'].mean()):.4g}")
+        if bar is not None:
+            bar.close()
+        elif progress and ((epoch + 1) % print_every == 0 or epoch + 1 == epochs):
+            _print_epoch(epoch, epochs, history[n0:], time.perf_counter() - start)
+    if not history:
+        raise ValueError("fd.fit: batches gave no batch; nothing was trained.")
+    return params, opt_state, stack(history)
+
+
+def _print_epoch(epoch: int, epochs: int, metrics: list[TensorDict], seconds: float) -> None:
+    if not metrics:
+        return
+    hist = stack(metrics)
+    means = ", ".join(
+        f"{k} {float(v.float().mean()):.4g}"
+        for k, v in hist.items(include_nested=True, leaves_only=True)
+    )
+    width = len(str(epochs))
+    print(
+        f"epoch {epoch + 1:>{width}}/{epochs}: {means} ({len(metrics)} steps, {seconds:.2f}s)",
+        file=sys.stdout,
+        flush=True,
+    )

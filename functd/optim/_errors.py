@@ -1,0 +1,75 @@
+"""Error messages of ``functd.optim``: what failed, where (the key path), the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._errors import fmt_key, fmt_keys
+from .._tree import tree
+
+SPLIT_HINT = (
+    "Optimizers update floating-point tensors only: split non-trainable entries "
+    "(integer buffers such as BatchNorm's 'num_batches_tracked', masks, step counters) "
+    "off the params before the optimizer, e.g. params.exclude(...) or params.select(...), "
+    "and merge them back after the step."
+)
+
+
+def not_a_td(where: str, what: str, value: Any) -> str:
+    return (
+        f"{where}: {what} must be a functd TensorDict, got a {type(value).__name__}. "
+        f"Wrap a dict of tensors with fd.TensorDict({{...}}); opt_state is what "
+        "opt.init(params) returned."
+    )
+
+
+def non_floating(where: str, path: tuple, dtype) -> str:
+    return (
+        f"{where}: params entry {fmt_key(path)} has dtype {dtype}, which is not a "
+        f"floating-point dtype. {SPLIT_HINT}"
+    )
+
+
+def wrong_state(where: str, expected: tuple, got: tuple) -> str:
+    return (
+        f"{where}: opt_state does not come from this optimizer's init: expected the "
+        f"entries [{fmt_keys(sorted(expected))}], got [{fmt_keys(sorted(got))}]. States "
+        "are not interchangeable between optimizers (nor between differently configured "
+        "ones, e.g. amsgrad or momentum on/off): create it with opt.init(params) using "
+        "this same optimizer."
+    )
+
+
+def layout_mismatch(where: str, a_name: str, a, b_name: str, b) -> str:
+    a_paths, a_leaves, _ = tree.flatten_with_path(a)
+    b_paths, b_leaves, _ = tree.flatten_with_path(b)
+    a_map = dict(zip(a_paths, a_leaves))
+    b_map = dict(zip(b_paths, b_leaves))
+    only_a = [p for p in a_paths if p not in b_map]
+    only_b = [p for p in b_paths if p not in a_map]
+    if only_a or only_b:
+        detail = (
+            f"keys only in {a_name}: [{fmt_keys(only_a)}]; keys only in {b_name}: "
+            f"[{fmt_keys(only_b)}]"
+        )
+        first = (only_a or only_b)[0]
+    else:
+        first = next(p for p in a_paths if a_map[p].shape != b_map[p].shape)
+        detail = (
+            f"entry {fmt_key(first)} has shape {list(a_map[first].shape)} in {a_name} "
+            f"but {list(b_map[first].shape)} in {b_name}"
+        )
+    return (
+        f"{where}: {a_name} and {b_name} differ at key {fmt_key(first)} ({detail}). "
+        f"They must have the same keys and shapes: the gradients must be taken with "
+        f"respect to the same params the optimizer state was created for "
+        f"(opt.init(params))."
+    )
+
+
+def bad_hparam(where: str, name: str, value: Any, rule: str, fix: str = "") -> str:
+    return f"{where}({name}={value!r}): {name} must be {rule}.{' ' + fix if fix else ''}"
+
+
+def needs_params(where: str, what: str) -> str:
+    return f"{where}: {what} needs the current params; call opt.update(grads, opt_state, params)."

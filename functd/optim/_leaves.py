@@ -1,0 +1,241 @@
+"""Leaf-level helpers of the optimizers: flattening, checks, and list ops.
+
+The optimizers work on the flat list of leaves of a TensorDict (optree order,
+namespace ``"functd"``). The list ops call ``torch._foreach_*`` (one dispatch
+for all leaves) on plain eager tensors, and fall back to one op per leaf under
+``torch.compile`` (inductor fuses them anyway) and under ``torch.func``
+transforms (``vmap`` has no batching rule for the foreach ops). Both paths
+compute the same thing: the foreach op *is* the per-tensor op, and no op here is
+in-place, so nothing given is ever written.
+"""
+
+from __future__ import annotations
+
+from numbers import Number
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from .._td import TensorDict, _new
+from .._tree import _spec, tree
+from . import _errors as E
+
+Scalar = float | Tensor
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+# ------------------------------------------------------------------ flattening
+# The leaves are listed in optree's order (sorted keys, depth first), by a direct
+# walk of the TensorDicts (cheaper than a generic pytree flatten), and a list of
+# new leaves is put back into the layout of a template TensorDict whose leaves
+# have the same shapes (the template's batch sizes and cached spec are reused).
+def flatten(where: str, what: str, td: Any) -> tuple[list[Tensor], TensorDict]:
+    """Leaves of a TensorDict and the TensorDict itself (the template to rebuild
+    from); raises a clear TypeError for anything else."""
+    if not isinstance(td, TensorDict):
+        raise TypeError(E.not_a_td(where, what, td))
+    out: list[Tensor] = []
+    _walk(td, out)
+    return out, td
+
+
+def _walk(td: TensorDict, out: list) -> None:
+    data = td._data
+    for k in (td._spec or _spec(td)).keys:
+        v = data[k]
+        if type(v) is TensorDict:
+            _walk(v, out)
+        else:
+            out.append(v)
+
+
+def unflatten(template: TensorDict, leaves: list[Tensor]) -> TensorDict:
+    """A TensorDict laid out as ``template`` (same keys, order and batch sizes)
+    holding ``leaves`` (in the order of ``flatten``; same shapes as the template's)."""
+    return _build(template, iter(leaves))
+
+
+def _build(td: TensorDict, it) -> TensorDict:
+    data = td._data
+    spec = td._spec or _spec(td)
+    vals = {}
+    for k in spec.keys:
+        v = data[k]
+        vals[k] = _build(v, it) if type(v) is TensorDict else next(it)
+    if spec.order is not None:  # insertion order differs from the sorted one
+        vals = {k: vals[k] for k in spec.order}
+    out = _new(vals, td._batch_size)
+    object.__setattr__(out, "_spec", spec)  # same keys and ranks: share the cached spec
+    if td._checked is not None:  # same keys and shapes: a module's params check holds too
+        object.__setattr__(out, "_checked", td._checked)
+    return out
+
+
+def _same_keys(a: TensorDict, b: TensorDict) -> bool:
+    if not (a._spec is not None and a._spec is b._spec) and a._data.keys() != b._data.keys():
+        return False
+    for k, v in a._data.items():
+        w = b._data[k]
+        if isinstance(v, TensorDict) != isinstance(w, TensorDict):
+            return False
+        if isinstance(v, TensorDict) and not _same_keys(v, w):
+            return False
+    return True
+
+
+def check_params(where: str, params: Any) -> list[Tensor]:
+    """The leaves of ``params``; every one must be a floating-point tensor."""
+    leaves, _ = flatten(where, "params", params)
+    if not all(x.is_floating_point() for x in leaves):
+        paths = tree.paths(params)
+        for path, x in zip(paths, leaves):
+            if not x.is_floating_point():
+                raise TypeError(E.non_floating(where, path, x.dtype))
+    return leaves
+
+
+def check_state(where: str, state: Any, keys: tuple[str, ...]) -> None:
+    """``state`` must be a TensorDict with exactly the entries ``keys``."""
+    if not isinstance(state, TensorDict):
+        raise TypeError(E.not_a_td(where, "opt_state", state))
+    if tuple(sorted(state._data)) != tuple(sorted(keys)):
+        raise ValueError(E.wrong_state(where, keys, tuple(state._data)))
+
+
+def check_same(where, a_name, a, a_spec, b_name, b, b_spec, a_td, b_td) -> None:
+    """Two flattened TensorDicts must have the same keys and leaf shapes."""
+    if (
+        len(a) == len(b)
+        and all(x.shape == y.shape for x, y in zip(a, b))
+        and (a_spec is b_spec or _same_keys(a_spec, b_spec))
+    ):
+        return
+    raise ValueError(E.layout_mismatch(where, a_name, a_td, b_name, b_td))
+
+
+def zeros_like(leaves: list[Tensor]) -> list[Tensor]:
+    return [torch.zeros_like(x) for x in leaves]
+
+
+def new_count(leaves: list[Tensor]) -> Tensor:
+    """A fresh int64 step count on the device of the params."""
+    device = leaves[0].device if leaves else None
+    return torch.zeros((), dtype=torch.int64, device=device)
+
+
+def scalar_dtype(leaves: list[Tensor]) -> torch.dtype:
+    """The dtype in which step-dependent scalars are computed: the widest floating
+    dtype of the leaves, at least float32."""
+    return torch.float64 if any(x.dtype == torch.float64 for x in leaves) else torch.float32
+
+
+def state_td(entries: dict[str, Any]) -> TensorDict:
+    """An optimizer state: a TensorDict of batch size ``[]`` (entries not checked)."""
+    return _new(entries, torch.Size([]))
+
+
+# ------------------------------------------------------------------ list ops
+def foreach(xs: list[Tensor]) -> bool:
+    """Whether the ``torch._foreach_*`` ops may run on ``xs`` (plain eager tensors)."""
+    if torch.compiler.is_compiling():
+        return False
+    return not any(_is_wrapped(x) for x in xs)
+
+
+def _map(op: str, fe: bool, *args: Any) -> list[Tensor]:
+    if fe:
+        return getattr(torch, "_foreach_" + op)(*args)
+    f = getattr(torch, op)
+    n = len(args[0])
+    return [f(*(a[i] if isinstance(a, list) else a for a in args)) for i in range(n)]
+
+
+def add(xs: list[Tensor], ys: list[Tensor] | Scalar, fe: bool | None = None) -> list[Tensor]:
+    return _map("add", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def sub(xs: list[Tensor], ys: list[Tensor], fe: bool | None = None) -> list[Tensor]:
+    return _map("sub", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def mul(xs: list[Tensor], ys: list[Tensor] | Scalar, fe: bool | None = None) -> list[Tensor]:
+    return _map("mul", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def div(xs: list[Tensor], ys: list[Tensor] | Scalar, fe: bool | None = None) -> list[Tensor]:
+    return _map("div", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def maximum(xs: list[Tensor], ys: list[Tensor], fe: bool | None = None) -> list[Tensor]:
+    return _map("maximum", foreach(xs) if fe is None else fe, xs, ys)
+
+
+def sqrt(xs: list[Tensor], fe: bool | None = None) -> list[Tensor]:
+    return _map("sqrt", foreach(xs) if fe is None else fe, xs)
+
+
+def sign(xs: list[Tensor], fe: bool | None = None) -> list[Tensor]:
+    return _map("sign", foreach(xs) if fe is None else fe, xs)
+
+
+def axpy(a: Scalar, xs: list[Tensor], ys: list[Tensor], fe: bool) -> list[Tensor]:
+    """``a * xs + ys``."""
+    if isinstance(a, Number):
+        if a == 0:
+            return ys
+        if fe:
+            return torch._foreach_add(ys, xs, alpha=a)
+        return [torch.add(y, x, alpha=a) for x, y in zip(xs, ys)]
+    return _map("add", fe, _map("mul", fe, xs, a), ys)
+
+
+def scale(a: Scalar, xs: list[Tensor], fe: bool) -> list[Tensor]:
+    """``a * xs`` (returns ``xs`` itself when ``a`` is the number 1)."""
+    if isinstance(a, Number) and a == 1:
+        return xs
+    return _map("mul", fe, xs, a)
+
+
+def ema(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list[Tensor]:
+    """``decay * avg + (1 - decay) * xs`` (as torch.optim's ``lerp(xs, 1 - decay)``)."""
+    if isinstance(decay, Number) and fe:
+        return torch._foreach_lerp(avg, xs, 1 - decay)
+    return _map("add", fe, _map("mul", fe, avg, decay), _map("mul", fe, xs, 1 - decay))
+
+
+def ema_sq(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list[Tensor]:
+    """``decay * avg + (1 - decay) * xs**2``."""
+    if isinstance(decay, Number) and fe:
+        out = torch._foreach_mul(avg, decay)
+        torch._foreach_addcmul_(out, xs, xs, value=1 - decay)
+        return out
+    sq = _map("mul", fe, xs, xs)
+    return _map("add", fe, _map("mul", fe, avg, decay), _map("mul", fe, sq, 1 - decay))
+
+
+def scale_fresh(xs: list[Tensor], a: Scalar | None, fe: bool, fresh: bool) -> list[Tensor]:
+    """``a * xs``, in place when ``xs`` is ``fresh`` (allocated by the caller, shared
+    with nothing) and the foreach path runs; ``a=None`` means 1."""
+    if a is None or (isinstance(a, Number) and a == 1):
+        return xs
+    if fe and fresh:
+        torch._foreach_mul_(xs, a)
+        return xs
+    return _map("mul", fe, xs, a)
+
+
+def add_fresh(xs: list[Tensor], ys: list[Tensor] | Scalar, fe: bool, fresh: bool) -> list[Tensor]:
+    """``xs + ys``, in place on ``xs`` when it is ``fresh`` (see ``scale_fresh``)."""
+    if fe and fresh:
+        torch._foreach_add_(xs, ys)
+        return xs
+    return _map("add", fe, xs, ys)
+
+
+def global_norm(xs: list[Tensor], fe: bool) -> Tensor:
+    """The 2-norm of all leaves together (0 for no leaves)."""
+    if not xs:
+        return torch.zeros(())
+    norms = torch._foreach_norm(xs) if fe else [torch.linalg.vector_norm(x) for x in xs]
+    return torch.linalg.vector_norm(torch.stack(norms))

@@ -1,0 +1,104 @@
+"""fd.train_step and fd.fit: the same numbers as a hand-written loop, pure, with history."""
+
+import importlib.util
+
+import pytest
+import torch
+
+import functd as fd
+from functd.testing import assert_close
+from tests.optim_cases import DT, data, forward, make_net
+
+
+def loss_fn(p, batch, key):
+    pred = forward(p, batch["x"])
+    return ((pred - batch["y"]) ** 2).mean(), {"mae": (pred - batch["y"]).abs().mean()}
+
+
+def batches():
+    x, y = data()
+    return [fd.TensorDict({"x": x[i : i + 8], "y": y[i : i + 8]}, [8]) for i in range(0, 32, 8)]
+
+
+def test_train_step_equals_the_hand_written_step_and_is_pure():
+    params = fd.from_module(make_net()).clone()
+    opt = fd.optim.adamw(1e-2)
+    state = opt.init(params)
+    batch = batches()[0]
+    snap = [(x, x.clone(), x._version) for x in fd.tree.leaves((params, state, batch))]
+    new_p, new_s, metrics = fd.train_step(loss_fn, opt)(params, state, batch, None)
+    for x, c, v in snap:
+        assert x._version == v and torch.equal(x, c)
+    (g, (loss, aux)) = torch.func.grad_and_value(loss_fn, has_aux=True)(params, batch, None)
+    u, ref_s = opt.update(g, state, params)
+    assert_close(new_p, fd.optim.apply_updates(params, u), rtol=1e-12, atol=1e-14)
+    assert_close(new_s, ref_s, rtol=1e-12, atol=1e-14)
+    assert metrics.keys() == ("loss", "mae")
+    torch.testing.assert_close(metrics["loss"], loss)
+    torch.testing.assert_close(metrics["mae"], aux["mae"])
+    assert not metrics["loss"].requires_grad
+
+
+def test_train_step_accepts_a_plain_loss_and_unused_params():
+    params = fd.from_module(make_net()).clone().set("unused", torch.ones(2, dtype=DT))
+    opt = fd.optim.sgd(0.1)
+
+    def plain(p, batch, key):
+        return ((forward(p, batch["x"]) - batch["y"]) ** 2).mean()
+
+    p, _, m = fd.train_step(plain, opt)(params, opt.init(params), batches()[0], None)
+    assert m.keys() == ("loss",)
+    assert torch.equal(p["unused"], params["unused"])  # zero gradient
+
+
+def test_fit_equals_a_loop_and_returns_the_history(capsys):
+    params = fd.from_module(make_net()).clone()
+    opt = fd.optim.adam(1e-2)
+    step = fd.train_step(loss_fn, opt)
+    p, s, hist = fd.fit(step, params, opt.init(params), batches(), epochs=3, progress=False)
+    assert capsys.readouterr().out == ""
+    q, t = params, opt.init(params)
+    losses = []
+    for _ in range(3):
+        for b in batches():
+            q, t, m = step(q, t, b, None)
+            losses.append(m["loss"])
+    assert_close(p, q)
+    assert_close(s, t)
+    assert hist.batch_size == torch.Size([12])
+    torch.testing.assert_close(hist["loss"], torch.stack(losses))
+    assert hist["loss"][-4:].mean() < hist["loss"][:4].mean()
+
+
+def test_fit_folds_the_key_per_step_and_takes_a_function_of_the_epoch():
+    params = fd.TensorDict({"w": torch.zeros(3)})
+    seen = []
+
+    def noisy(p, batch, key):
+        seen.append(key)
+        return ((p["w"] - fd.random.normal(key, (3,))) ** 2).sum()
+
+    step = fd.train_step(noisy, fd.optim.sgd(0.1))
+    key = fd.random.key(7)
+    fd.fit(
+        step,
+        params,
+        fd.optim.sgd(0.1).init(params),
+        lambda e: [e] * 2,
+        key,
+        epochs=2,
+        progress=False,
+    )
+    assert len(seen) == 4
+    for i, k in enumerate(seen):
+        assert torch.equal(k, fd.random.fold_in(key, i))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("tqdm") is not None, reason="tqdm installed")
+def test_fit_prints_plain_progress_without_tqdm(capsys):
+    params = fd.from_module(make_net()).clone()
+    opt = fd.optim.sgd(0.05)
+    fd.fit(fd.train_step(loss_fn, opt), params, opt.init(params), batches(), epochs=2)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("epoch 1/2: loss ") and "mae " in lines[0] and "4 steps" in lines[0]
