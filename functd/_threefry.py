@@ -1,0 +1,133 @@
+"""The threefry2x32 hash behind ``functd.random``: pure torch ops, and a Python-int
+path for tiny eager draws.
+
+Everything here works on int32 bit patterns with wrapping adds (torch has no
+uint32 add or shift kernels on CPU), so CPU and GPU, eager and compiled give
+the same bits. ``functd.random`` builds keys and samplers on top; see its
+docstring for the counter layout that makes the bits equal jax.random's.
+
+Example:
+    >>> x0, x1 = _hash(functd.random.key(0), (4,))  # two int32 words per element
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = 0x1BD11BDA
+_M32 = 0xFFFFFFFF
+_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+
+
+def _to_i32(x: Tensor) -> Tensor:
+    """Low 32 bits of an int64 tensor as an int32 bit pattern (no overflowing cast)."""
+    return (((x & _M32) ^ 0x80000000) - 0x80000000).to(torch.int32)
+
+
+def _inplace_ok(t: Tensor) -> bool:
+    """Whether the eager in-place fast path may run: plain tensors, not compiling."""
+    if torch.compiler.is_compiling() or _is_wrapped is None:
+        return False
+    return type(t) is Tensor and not _is_wrapped(t)
+
+
+# -- threefry2x32 -------------------------------------------------------------
+
+
+def _threefry2x32(
+    k0: Tensor, k1: Tensor, x0: Tensor | None, x1: Tensor, fresh: bool = False
+) -> tuple[Tensor, Tensor]:
+    """Hash int32 counters ``(x0, x1)`` (None: 0) under ``(k0, k1)``; ``fresh``: x1 is ours."""
+    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    inject = [(ks[(i + 1) % 3], ks[(i + 2) % 3] + (i + 1)) for i in range(5)]
+    if not (_inplace_ok(x1) and _inplace_ok(k0) and _inplace_ok(k1)):
+        x0, x1 = k0 if x0 is None else x0 + k0, x1 + k1
+        for i in range(5):
+            for r in _ROTATIONS[i % 2]:
+                x0 = x0 + x1
+                x1 = ((x1 << r) | ((x1 >> (32 - r)) & ((1 << r) - 1))) ^ x0  # rotl
+            x0, x1 = x0 + inject[i][0], x1 + inject[i][1]
+        return x0, x1
+    # Eager fast path: the same ops in place on fresh buffers; a new 4 MB tensor
+    # per op costs more than the op itself (page faults).
+    shape = torch.broadcast_shapes(k0.shape, k1.shape, x1.shape)
+    out0 = torch.empty(shape, dtype=torch.int32, device=k0.device).copy_(k0)
+    x0 = out0 if x0 is None else out0.add_(x0)
+    x1 = x1.add_(k1) if fresh and x1.shape == shape else x1 + k1
+    tmp = torch.empty_like(x1)
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0.add_(x1)
+            torch.bitwise_left_shift(x1, r, out=tmp)
+            x1.bitwise_right_shift_(32 - r).bitwise_and_((1 << r) - 1)
+            x1.bitwise_or_(tmp).bitwise_xor_(x0)
+        x0.add_(inject[i][0])
+        x1.add_(inject[i][1])
+    return x0, x1
+
+
+# Below this many hashes, eager CPU calls run threefry on Python ints: a policy's
+# few draws per step would otherwise pay ~100 tiny tensor ops each.
+_SMALL = 16
+
+
+def _small_ok(key: Tensor, n: int) -> bool:
+    # _inplace_ok first: under torch.compile it is False, and the size test must not
+    # run there (it would guard on a dynamic size: a recompile per batch size)
+    return _inplace_ok(key) and key.device.type == "cpu" and n * (key.numel() // 2) <= _SMALL
+
+
+def _threefry_py(k0: int, k1: int, x1: int) -> tuple[int, int]:
+    """``_threefry2x32`` of one counter ``(0, x1)`` on uint32 Python ints."""
+    ks = (k0, k1, k0 ^ k1 ^ _PARITY)
+    x0, x1 = k0, (x1 + k1) & _M32
+    for i in range(5):
+        for r in _ROTATIONS[i % 2]:
+            x0 = (x0 + x1) & _M32
+            x1 = (((x1 << r) & _M32) | (x1 >> (32 - r))) ^ x0
+        x0 = (x0 + ks[(i + 1) % 3]) & _M32
+        x1 = (x1 + ks[(i + 2) % 3] + i + 1) & _M32
+    return x0, x1
+
+
+def _hash_py(key: Tensor, counters: list[int], shape: tuple[int, ...]):
+    """The small-size path of ``_hash``/``fold_in``: int32 tensors ``(*batch, *shape)``."""
+    b0, b1 = [], []
+    for k0, k1 in key.reshape(-1, 2).tolist():
+        k0, k1 = k0 & _M32, k1 & _M32
+        for c in counters:
+            y0, y1 = _threefry_py(k0, k1, c)
+            b0.append(y0 - (y0 >> 31 << 32))
+            b1.append(y1 - (y1 >> 31 << 32))
+    out = (*key.shape[:-1], *shape)
+    return (
+        torch.tensor(b0, dtype=torch.int32).reshape(out),
+        torch.tensor(b1, dtype=torch.int32).reshape(out),
+    )
+
+
+def _hash(key: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Threefry of the row-major counters of ``shape``: two int32 arrays ``(*batch, *shape)``."""
+    n = math.prod(shape)
+    if _small_ok(key, n):
+        return _hash_py(key, list(range(n)), shape)
+    expand = (..., *([None] * len(shape)))
+    k0, k1 = key[..., 0][expand], key[..., 1][expand]
+    if n <= 2**31:  # the high counter words are all zero
+        lo = torch.arange(n, dtype=torch.int32, device=key.device).reshape(shape)
+        return _threefry2x32(k0, k1, None, lo, fresh=True)
+    idx = torch.arange(n, dtype=torch.int64, device=key.device).reshape(shape)
+    return _threefry2x32(k0, k1, _to_i32(idx >> 32), _to_i32(idx), fresh=True)
+
+
+def _random_bits(key: Tensor, nbits: int, shape: tuple[int, ...]) -> Tensor:
+    """jax's random bits: int32 patterns (32), int64 patterns (64), values in int64 (8, 16)."""
+    b0, b1 = _hash(key, shape)
+    if nbits == 64:
+        return (b0.to(torch.int64) << 32) | (b1.to(torch.int64) & _M32)
+    out = b0.bitwise_xor_(b1) if _inplace_ok(b0) else b0 ^ b1
+    return out if nbits == 32 else out.to(torch.int64) & ((1 << nbits) - 1)
