@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch import nn
 
+import functd as fd
 import functd.nn as fnn
 from functd.nn._convert import flat_state
 
@@ -176,3 +177,35 @@ def test_load_td_errors():
     assert torch.equal(lin.weight, w0) and not torch.all(lin.bias == 1)  # nothing copied
     with pytest.raises(TypeError, match="TensorDict"):
         fnn.load_td({"weight": w0}, lin)
+
+
+class _NoisyNet(nn.Module):
+    """A custom module (not lowered) with dropout inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 3)
+        self.drop = nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.lin(x))
+
+
+def test_functional_call_refuses_torch_global_rng_in_training_mode():
+    net = _NoisyNet()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.raises(
+        ValueError,
+        match=r"FunctionalCall\(_NoisyNet\): holds Dropout in training "
+        r"mode at 'drop', which would draw from torch's global generator.*eval",
+    ):
+        fd.Module(net, ["x"], ["y"])
+    assert net.training and all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
+    # in eval mode (no draw) it runs, and matches the module
+    net.eval()
+    m = fd.Module(net, ["x"], ["y"])
+    x = torch.randn(4, 3)
+    torch.testing.assert_close(m(fd.from_module(m), x=x), net(x))
+    # switching the wrapped copy back to training mode is refused the same way
+    with pytest.raises(ValueError, match="global generator"):
+        fd.nn.train_mode(m)

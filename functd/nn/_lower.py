@@ -60,13 +60,15 @@ class FunctionalCall(Layer):
     ``Embedding(max_norm=...)`` is renormalised in a temporary too.
 
     Compares and hashes by identity. The module's mode (``training``) is the
-    one it had when wrapped. Random modules inside (dropout in training mode)
-    draw from torch's global generator; the ``key`` argument is ignored.
+    one it had when wrapped. A module that would draw from torch's global
+    generator (dropout or RReLU in training mode) is refused: functd cannot
+    hand it a key.
 
     Args:
         module: any ``torch.nn.Module``.
 
     Raises:
+        ValueError: the module holds a random submodule in training mode.
         NotImplementedError: from ``init``; see ``functd.nn.state_to_td``.
 
     Example:
@@ -97,6 +99,7 @@ class FunctionalCall(Layer):
             and sub.track_running_stats
             for n, _ in sub.named_buffers(recurse=False)
         )
+        _refuse_global_rng(meta, type(self.module).__name__)
         set_derived(self, _clone=frozenset(clone), _stats=stats)
 
     @property
@@ -138,6 +141,24 @@ class FunctionalCall(Layer):
 
     def __repr__(self) -> str:
         return f"FunctionalCall({type(self.module).__name__} at {id(self):#x})"
+
+
+_RANDOM_TORCH = (nn.modules.dropout._DropoutNd, nn.RReLU)
+
+
+def _refuse_global_rng(module: nn.Module, name: str) -> None:
+    """Raise when a submodule in training mode would draw from torch's global RNG."""
+    for path, sub in module.named_modules():
+        p = getattr(sub, "p", 1.0) if isinstance(sub, nn.modules.dropout._DropoutNd) else 1.0
+        if isinstance(sub, _RANDOM_TORCH) and sub.training and p > 0:
+            where = f" at {path!r}" if path else ""
+            raise ValueError(
+                f"FunctionalCall({name}): holds {type(sub).__name__} in training mode{where}, "
+                "which would draw from torch's global generator; functd passes randomness "
+                "as keys and cannot give it one. Call module.eval() (or fd.nn.eval_mode) "
+                "for inference, or build the model from functd layers (fd.nn.Dropout "
+                "takes a key)."
+            )
 
 
 def _meta_copy(module: nn.Module) -> nn.Module:
