@@ -155,6 +155,10 @@ def text_curve(history, width: int = 40) -> str:
     return "\n".join(lines)
 
 
+def fmt(x: torch.Tensor) -> str:
+    return "[" + " ".join(f"{v:+.2f}" for v in x.tolist()) + "]"
+
+
 def main() -> None:
     start = time.perf_counter()
     params, history = train()
@@ -166,6 +170,12 @@ def main() -> None:
     scale_min = float(fd.NormalParamExtractor()(torch.tensor([0.0, -1.0]))[1])
     print(f"best reachable reward: {-(scale_min**2):.4f} (scale >= {scale_min:.3f})")
     print(f"{ITERS} updates in {time.perf_counter() - start:.1f}s")
+
+    obs = fd.random.uniform(fd.random.key(7), (3, OBS), minval=-1.0, maxval=1.0)
+    out = POLICY(params, fd.TensorDict({"input": obs, "hidden": torch.zeros(3, HIDDEN)}, [3]))
+    print("\nthe trained policy on 3 new observations (first step):")
+    for t, loc, scale in zip(target(obs), out["loc"], out["scale"]):
+        print(f"  target {fmt(t)}  loc {fmt(loc)}  scale {fmt(scale)}")
     (_, r0, e0), (_, r1, e1) = history[0], history[-1]
     # rewards are negative: the cost -reward should at least halve, the error drop 5x
     assert r1 > r0 / 2, f"the average reward should have risen: {r0:.3f} -> {r1:.3f}"
