@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/python examples/ensembles.py
 	QUICK=1 $(BIN)/python examples/train_regression.py
 	QUICK=1 $(BIN)/python examples/train_ensemble.py
+	QUICK=1 $(BIN)/python examples/train_policy.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
