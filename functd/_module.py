@@ -258,17 +258,7 @@ class Module:
         **tensors: torch.Tensor,
     ):
         """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``."""
-        if td is None:
-            return _keyword_call(self, params, key, tensors)
-        if tensors:
-            raise TypeError(
-                f"{self._label()}: pass either a TensorDict or keyword tensors, not both."
-            )
-        if not isinstance(td, TensorDict):
-            _bad_td(self, params, td)
-        data = dict(td._data)
-        self._run(params, data, td._batch_size, key)
-        return _new(data, td._batch_size)
+        return call_td(self, params, td, key, tensors, self._run)
 
     def apply_with_state(
         self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
@@ -316,6 +306,21 @@ class Module:
         if self._stateful:
             out, data[STATE] = out
         _write_outputs(self, data, bs, out)
+
+
+def call_td(m: Any, params: Any, td: Any, key: Any, tensors: dict, run: Any, *extra: Any):
+    """The body every module's ``__call__`` shares: the keyword form ``m(params, x=x)``,
+    the argument checks, then ``run(params, data, batch_size, key, *extra)`` on a
+    working copy of the td's entries, which becomes the new td."""
+    if td is None:
+        return _keyword_call(m, params, key, tensors, *extra)
+    if tensors:
+        raise TypeError(f"{m._label()}: pass either a TensorDict or keyword tensors, not both.")
+    if not isinstance(td, TensorDict):
+        _bad_td(m, params, td)
+    data = dict(td._data)
+    run(params, data, td._batch_size, key, *extra)
+    return _new(data, td._batch_size)
 
 
 def _write_outputs(self: Module, data: dict, bs: torch.Size, out: Any) -> None:

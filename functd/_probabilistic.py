@@ -40,9 +40,17 @@ from ._distributions import (
     normal_fast,
     value,
 )
-from ._module import Module, _bad_td, _get_path, _keyword_call, _missing_input, _write, as_keys
+from ._module import (
+    Module,
+    _bad_td,
+    _get_path,
+    _missing_input,
+    _write,
+    as_keys,
+    call_td,
+)
 from ._sequential import Sequential
-from ._td import Key, TensorDict, _new
+from ._td import Key, TensorDict
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
 
@@ -325,18 +333,7 @@ class Probabilistic(Module):
         **tensors: Tensor,
     ):
         """``m(params, td, key=None, interaction=None)`` -> new td with the value (and log-prob)."""
-        it = _resolve(interaction, self)
-        if td is None:
-            return _keyword_call(self, params, key, tensors, it)
-        if tensors:
-            raise TypeError(
-                f"{self._label()}: pass either a TensorDict or keyword tensors, not both."
-            )
-        if not isinstance(td, TensorDict):
-            _bad_td(self, params, td)
-        data = dict(td._data)
-        self._run_i(params, data, td._batch_size, key, it)
-        return _new(data, td._batch_size)
+        return call_td(self, params, td, key, tensors, self._run_i, _resolve(interaction, self))
 
     def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
         self._run_i(params, data, bs, key, interaction_type())
@@ -472,16 +469,7 @@ class ProbabilisticSequential(Sequential):
         **tensors: Tensor,
     ):
         """``policy(params, td, key=None, interaction=None)`` -> new td."""
-        it = _resolve(interaction, self)
-        if td is None:
-            return _keyword_call(self, params, key, tensors, it)
-        if tensors:
-            raise TypeError(f"{self._label()}: pass either a TensorDict or keyword tensors.")
-        if not isinstance(td, TensorDict):
-            _bad_td(self, params, td)
-        data = dict(td._data)
-        self._run_i(params, data, td._batch_size, key, it)
-        return _new(data, td._batch_size)
+        return call_td(self, params, td, key, tensors, self._run_i, _resolve(interaction, self))
 
     def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
         self._run_i(params, data, bs, key, interaction_type())

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from . import _errors as E
-from ._module import COLLECT, STATE, Module, _bad_td, _keyword_call, apply_with_state, as_keys
+from ._module import COLLECT, STATE, Module, apply_with_state, as_keys, call_td
 from ._td import Key, TensorDict, _new
 
 __all__ = ["Sequential"]
@@ -227,15 +227,7 @@ class Sequential:
         **tensors: torch.Tensor,
     ):
         """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``."""
-        if td is None:
-            return _keyword_call(self, params, key, tensors)
-        if tensors:
-            raise TypeError("Sequential: pass either a TensorDict or keyword tensors, not both.")
-        if not isinstance(td, TensorDict):
-            _bad_td(self, params, td)
-        data = dict(td._data)
-        self._run(params, data, td._batch_size, key)
-        return _new(data, td._batch_size)
+        return call_td(self, params, td, key, tensors, self._run)
 
     def apply_with_state(
         self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None

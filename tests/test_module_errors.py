@@ -139,3 +139,26 @@ def test_from_module_of_pure_layer_module():
     m = fd.Module(fd.nn.Linear(3, 4), ["x"], ["h"])
     with pytest.raises(TypeError, match=r"holds no weights; create them with m\.init"):
         fd.from_module(m)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: fd.Module(torch.neg, ["x"], ["y"]),
+        lambda: fd.Sequential(fd.Module(torch.neg, ["x"], ["y"])),
+        lambda: fd.Probabilistic({"x": "loc", "s0": "scale"}, ["s"], torch.distributions.Normal),
+        lambda: fd.ProbabilisticSequential(
+            fd.Module(torch.abs, ["x"], ["scale"]),
+            fd.Probabilistic({"x": "loc", "scale": "scale"}, ["s"], torch.distributions.Normal),
+        ),
+    ],
+)
+def test_every_module_kind_refuses_a_td_and_keyword_tensors_together(make):
+    m = make()
+    td = fd.TensorDict({"x": torch.ones(2)}, [2])
+    x = torch.ones(2)
+    with pytest.raises(TypeError, match=r"pass either a TensorDict or keyword tensors, not both"):
+        m(None, td, x=x)
+    with pytest.raises(TypeError, match=r"the second argument must be a TensorDict, got dict"):
+        m(None, {"x": x})
+    assert torch.equal(td["x"], torch.ones(2)) and torch.equal(x, torch.ones(2))
