@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from . import _errors as E
-from ._td import Key, TensorDict, _check_key, _new, _set_path
+from ._td import Key, TensorDict, _check_key, _new, _set_checked, _set_path
 
 __all__ = ["Module", "as_keys"]
 
@@ -526,12 +526,33 @@ def _layout(fn) -> dict:
     return lay
 
 
+def _flat_layout(layout: dict) -> tuple | None:
+    """``((name, shape), ...)`` when every entry of a layout is top-level, else None."""
+    if all(len(k) == 1 for k in layout):
+        return tuple((k[0], tuple(shape)) for k, shape in layout.items())
+    return None
+
+
 def _check_params(m: Module, params: TensorDict) -> None:
     # Under torch.compile the check is traced (it costs nothing at run time: the
     # shapes are guarded anyway) but neither the layout cache nor the params'
     # ``_checked`` slot is written: a side effect on an input or on a global
     # would make the next call fail a guard and recompile (notes/gotchas.md).
     compiling = torch.compiler.is_compiling()
+    if not compiling:  # fast path: a flat layout whose entries all match
+        flat = getattr(m._fn, "_flat_layout", _NOPE)  # cached on the layer: no hashing
+        if flat is _NOPE:
+            flat = _flat_layout(_layout(m._fn))
+            object.__setattr__(m._fn, "_flat_layout", flat)
+        if flat is not None and len(params._data) == len(flat):
+            data = params._data
+            for k, shape in flat:
+                v = data.get(k)
+                if type(v) is TensorDict or v is None or v.shape != shape:
+                    break
+            else:
+                _set_checked(params, m._fn)
+                return
     expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)
     got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
     missing = [k for k in expected if k not in got]
@@ -549,7 +570,7 @@ def _check_params(m: Module, params: TensorDict) -> None:
                 f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
             )
     if not compiling:
-        object.__setattr__(params, "_checked", m._fn)
+        _set_checked(params, m._fn)
 
 
 def _keyword_call(m, params, key, tensors: dict, interaction=None):
