@@ -126,7 +126,7 @@ def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> None:
             dims = d
         out.append(_Leaf(path, value, dims))
     elif value is None:
-        return  # no leaves (torch's pytree treats None as an empty node)
+        out.append(_Leaf(path, None, None))  # a leaf of torch's pytree; nothing to map
     elif type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
         if _is_dim(dims):
             for i, v in enumerate(value):

@@ -342,3 +342,22 @@ def test_compile_fullgraph_of_fd_vmap_grad_and_out_dims():
         assert_close(out, f(*args))
         assert not counters["graph_break"]
         assert counters["stats"]["unique_graphs"] == 1
+
+
+def test_none_arguments_are_leaves_that_are_never_mapped():
+    """torch's pytree treats None as a leaf: fd.vmap must agree (a key=None slot in a
+    training step is common)."""
+    td = fd.TensorDict({"x": torch.randn(4, 3)}, [4])
+
+    def f(t, key, extra):
+        assert key is None and extra[1] is None
+        return t["x"].sum(-1) * extra[0]
+
+    scale = torch.tensor(2.0)
+    out = fd.vmap(f, in_dims=(0, None, None))(td, None, (scale, None))
+    ref = torch.func.vmap(f, in_dims=(0, None, None))(td, None, (scale, None))
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(out, td["x"].sum(-1) * 2)
+    # an int in_dims broadcast over a tuple holding None maps the tensors only
+    out2 = fd.vmap(lambda t, k: t["x"] + 1, in_dims=0)(td, None)
+    torch.testing.assert_close(out2, td["x"] + 1)
