@@ -30,16 +30,25 @@ try:
 except ImportError:  # the comparison column is left empty
     tensordict = None
 
-MIN_RUN_TIME = 0.3
-REPEATS = 3  # the machine may be shared: keep the best of a few medians
+MIN_RUN_TIME = 0.1
+REPEATS = 5  # interleaved rounds; the machine may be shared: keep the best median of each
 
 
 def median_us(fn) -> float:
-    """Median time of ``fn()`` in µs over blocks of ``blocked_autorange`` (best of REPEATS)."""
+    """Median time of ``fn()`` in µs over blocks of ``blocked_autorange`` (one round)."""
     timer = Timer(stmt="fn()", globals={"fn": fn})
-    return (
-        min(timer.blocked_autorange(min_run_time=MIN_RUN_TIME).median for _ in range(REPEATS)) * 1e6
-    )
+    return timer.blocked_autorange(min_run_time=MIN_RUN_TIME).median * 1e6
+
+
+def best_interleaved(*fns) -> list[float | None]:
+    """The best of REPEATS medians of each function, measured in turn each round, so
+    that a slow minute of the machine hits every peer alike."""
+    best = [float("inf") if f is not None else None for f in fns]
+    for _ in range(REPEATS):
+        for i, f in enumerate(fns):
+            if f is not None:
+                best[i] = min(best[i], median_us(f))
+    return best
 
 
 def ops(n: int) -> list[tuple[str, object, object, object]]:
@@ -111,8 +120,7 @@ def main() -> None:
     ]
     for n in (10, 100):
         for op, f, g, p in ops(n):
-            tf, tg = median_us(f), median_us(g)
-            tp = median_us(p) if p is not None else None
+            tf, tg, tp = best_interleaved(f, g, p)
             results[op, n] = (tf, tg, tp)
             name = f"{op} (tensordict in place)" if op == "set" and p is not None else op
             tp_s = f"{tp:.2f}" if tp is not None else "-"
