@@ -509,10 +509,11 @@ def _bad_params(m: Module, params: Any):
 _LAYOUTS: dict = {}
 
 
-def _layout(fn) -> dict:
-    """Expected {path: shape} of a layer's params (computed once per layer value)."""
-    lay = _LAYOUTS.get(fn)
-    if lay is None:
+def _layout(fn) -> tuple[dict, tuple | None]:
+    """A layer's expected params, computed once per layer value: ``{path: shape}``,
+    and ``((name, shape), ...)`` when every path is top-level (the fast check) or None."""
+    cached = _LAYOUTS.get(fn)
+    if cached is None:
         shapes = getattr(fn, "param_shapes", None)
         if shapes is not None:
             lay = dict(shapes())
@@ -522,15 +523,11 @@ def _layout(fn) -> dict:
             lay = {
                 k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)
             }
-        _LAYOUTS[fn] = lay
-    return lay
-
-
-def _flat_layout(layout: dict) -> tuple | None:
-    """``((name, shape), ...)`` when every entry of a layout is top-level, else None."""
-    if all(len(k) == 1 for k in layout):
-        return tuple((k[0], tuple(shape)) for k, shape in layout.items())
-    return None
+        flat = None
+        if all(len(k) == 1 for k in lay):
+            flat = tuple((k[0], tuple(shape)) for k, shape in lay.items())
+        cached = _LAYOUTS[fn] = (lay, flat)
+    return cached
 
 
 def _check_params(m: Module, params: TensorDict) -> None:
@@ -540,10 +537,7 @@ def _check_params(m: Module, params: TensorDict) -> None:
     # would make the next call fail a guard and recompile (notes/gotchas.md).
     compiling = torch.compiler.is_compiling()
     if not compiling:  # fast path: a flat layout whose entries all match
-        flat = getattr(m._fn, "_flat_layout", _NOPE)  # cached on the layer: no hashing
-        if flat is _NOPE:
-            flat = _flat_layout(_layout(m._fn))
-            object.__setattr__(m._fn, "_flat_layout", flat)
+        flat = _layout(m._fn)[1]
         if flat is not None and len(params._data) == len(flat):
             data = params._data
             for k, shape in flat:
@@ -553,7 +547,7 @@ def _check_params(m: Module, params: TensorDict) -> None:
             else:
                 _set_checked(params, m._fn)
                 return
-    expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)
+    expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
     got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
     missing = [k for k in expected if k not in got]
     extra = [k for k in got if k not in expected]

@@ -248,6 +248,16 @@ class Sequential:
     def _stateful_step(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
         """``_step`` that collects the children's new state under their names."""
         collect = data.pop(STATE, None) is COLLECT
+        states = self._each_child(params, data, bs, key, collect)
+        self._drop_unselected(data)
+        if collect:
+            data[STATE] = _new(states, torch.Size([]))
+
+    def _each_child(
+        self, params: Any, data: dict, bs: torch.Size, key: Any, collect: bool | None = None
+    ) -> dict:
+        """Run the children in turn on the general path (keys, missing params, and,
+        when ``collect`` is not None, the new state of stateful children by name)."""
         pdata = params._data if type(params) is TensorDict else None
         states = {}
         for name, m, has_p, rnd, idx, run in self._steps:
@@ -263,7 +273,7 @@ class Sequential:
                 k = fold_in(key, idx)
             else:
                 k = key
-            if getattr(m, "stateful", False):
+            if collect is not None and getattr(m, "stateful", False):
                 if not collect:
                     what = f"module {name} ({m._label()})"
                     raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what=what))
@@ -272,9 +282,7 @@ class Sequential:
                 states[name] = data.pop(STATE)
             else:
                 run(p, data, bs, k)
-        self._drop_unselected(data)
-        if collect:
-            data[STATE] = _new(states, torch.Size([]))
+        return states
 
     def _label(self) -> str:
         return f"Sequential({len(self.modules)} modules -> {E.fmt_keys(self.out_keys)})"
@@ -295,19 +303,7 @@ class Sequential:
                 raise
             self._drop_unselected(data)
             return
-        for name, m, has_p, rnd, idx, run in self._steps:
-            if has_p:
-                p = pdata.get(name) if pdata is not None else None
-                if p is None:
-                    self._bad_params(params, name, m)
-            else:
-                p = None
-            if rnd and key is not None:
-                from .random import fold_in
-
-                run(p, data, bs, fold_in(key, idx))
-            else:
-                run(p, data, bs, key)
+        self._each_child(params, data, bs, key)
         self._drop_unselected(data)
 
     def _drop_unselected(self, data: dict) -> None:

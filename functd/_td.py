@@ -479,13 +479,7 @@ def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
 def _new(data: dict, batch_size: torch.Size) -> TensorDict:
     """Build without validation (internal: the caller guarantees the invariants)."""
     td = _alloc(TensorDict)
-    if _is_compiling():
-        _init_traceable(td, data, batch_size)
-        return td
-    _set_data(td, data)
-    _set_bs(td, batch_size)
-    _set_spec(td, None)
-    _set_checked(td, None)
+    _init(td, data, batch_size)
     return td
 
 

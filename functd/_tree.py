@@ -33,7 +33,6 @@ from ._td import TensorDict, _is_compiling, _new, _set_spec
 __all__ = ["NAMESPACE", "tree"]
 
 NAMESPACE = "functd"
-_Tensor = torch.Tensor
 
 
 class _Spec:
@@ -127,7 +126,7 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
         values = [values[j] for j in perm]
     if spec.all_full:  # fast path: the first entry tells the batch size
         v = values[0]
-        if type(v) is _Tensor or isinstance(v, torch.Tensor):
+        if isinstance(v, torch.Tensor):
             shape = v.shape
             return _new(dict(zip(spec.keys, values)), shape[: max(len(shape) - spec.ranks[0], 0)])
     values = list(values)
@@ -148,19 +147,11 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
 
 # ------------------------------------------------------------------ optree
 def _optree_flatten(td: TensorDict):
-    spec = td._spec or _spec(td)
-    if spec.order is None:
-        return list(td._data.values()), spec, spec.keys
-    return list(map(td._data.__getitem__, spec.keys)), spec, spec.keys
+    leaves, spec = _flatten(td)
+    return leaves, spec, spec.keys
 
 
 def _unflatten_optree(spec: _Spec, children) -> TensorDict:
-    if spec.order is None and spec.all_full:  # the common case, inlined
-        v = children[0]
-        if type(v) is _Tensor:
-            shape = v.shape
-            r = spec.ranks[0]
-            return _new(dict(zip(spec.keys, children)), shape[: len(shape) - r] if r else shape)
     return _unflatten(children, spec)
 
 
