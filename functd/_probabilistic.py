@@ -482,12 +482,7 @@ class ProbabilisticSequential(Sequential):
         for i, (name, m, has_p, rnd, idx, run, run_i) in enumerate(self._psteps):
             if i == stop:
                 return
-            if has_p:
-                p = pdata.get(name) if pdata is not None else None
-                if p is None:
-                    self._bad_params(params, name, m)
-            else:
-                p = None
+            p = self._child_params(params, pdata, name, m) if has_p else None
             k = key
             if run_i is not None and type(m) is Probabilistic and not _draws(m, it):
                 k = None  # a head that will not draw: no key to derive

@@ -261,12 +261,7 @@ class Sequential:
         pdata = params._data if type(params) is TensorDict else None
         states = {}
         for name, m, has_p, rnd, idx, run in self._steps:
-            if has_p:
-                p = pdata.get(name) if pdata is not None else None
-                if p is None:
-                    self._bad_params(params, name, m)
-            else:
-                p = None
+            p = self._child_params(params, pdata, name, m) if has_p else None
             if rnd and key is not None:
                 from .random import fold_in
 
@@ -305,6 +300,13 @@ class Sequential:
             return
         self._each_child(params, data, bs, key)
         self._drop_unselected(data)
+
+    def _child_params(self, params: Any, pdata: dict | None, name: str, m: Any) -> TensorDict:
+        """The params of child ``name`` (which has some); a clear error when absent."""
+        p = pdata.get(name) if pdata is not None else None
+        if p is None:
+            self._bad_params(params, name, m)
+        return p
 
     def _drop_unselected(self, data: dict) -> None:
         for k in self._drop:
