@@ -28,11 +28,11 @@ import sys
 import time
 
 import torch
-import torch.nn as nn
 from torch.func import functional_call, stack_module_state
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import machine, median_us, table
+from tutorial_block import ResidualBlock, functd_block
 
 import functd as fd
 
@@ -69,31 +69,6 @@ def cpu_us(fn, min_time: float = RUN_TIME) -> float:
         times.append(dt / n)
         total += dt
     return statistics.median(times) * 1e6
-
-
-class ResidualBlock(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear0 = nn.Linear(3, 128)
-        self.linear1 = nn.Linear(128, 128)
-        self.linear2 = nn.Linear(128, 3)
-
-    def forward(self, x):
-        y = torch.relu(self.linear0(x))
-        y = torch.relu(self.linear1(y))
-        return self.linear2(y) + x
-
-
-def functd_block(ref: ResidualBlock) -> fd.Sequential:
-    return fd.Sequential(
-        fd.Module(ref.linear0, ["x"], ["linear0"]),
-        fd.Module(torch.relu, ["linear0"], ["relu0"]),
-        fd.Module(ref.linear1, ["relu0"], ["linear1"]),
-        fd.Module(torch.relu, ["linear1"], ["relu1"]),
-        fd.Module(ref.linear2, ["relu1"], ["linear2"]),
-        fd.Module(lambda x, y: x + y, ["x", "linear2"], ["y"]),
-        selected_out_keys=["y"],
-    )
 
 
 def cases(n: int):
@@ -134,8 +109,8 @@ def cases(n: int):
         return sms_grad(params)
 
     # functd
-    block = functd_block(nets[0])
-    ens = fd.stack([fd.from_module(functd_block(net)) for net in nets])
+    block, _ = functd_block(nets[0])
+    ens = fd.stack([functd_block(net)[1] for net in nets])
     fd_map = fd.vmap(block, in_dims=(0, None))
 
     def fd_fwd_fn(ens, td):
