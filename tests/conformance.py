@@ -208,3 +208,12 @@ def call(module, params, td, key=None):
 def output(result):
     """The output td of ``call`` (drops a stateful module's new state)."""
     return result[0] if isinstance(result, tuple) else result
+
+
+def members(module, n, dtype=torch.float32):
+    """``n`` different params of an entry's module (an ensemble's members): ``init``
+    with keys 0..n-1, or, for weights read from torch modules (all equal), shifted ones."""
+    ps = [params_for(module, key=k, dtype=dtype) for k in range(n)]
+    if all(torch.equal(a, b) for a, b in zip(fd.tree.leaves(ps[0]), fd.tree.leaves(ps[1]))):
+        ps = [p.apply(lambda v, i=i: v + 0.1 * i) for i, p in enumerate(ps)]
+    return ps

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conformance import ENTRIES, PUBLIC, params_for
+from conformance import ENTRIES, PUBLIC, call, members, output, params_for
 
 import functd as fd
 from functd.testing import assert_close
@@ -13,13 +13,7 @@ KEY = fd.random.key(7)
 
 def _call(m, params, td):
     """The module's output td; ``(td, new_state)`` for a stateful module."""
-    if getattr(m, "stateful", False):
-        return m.apply_with_state(params, td, key=KEY if m.random else None)
-    return m(params, td, key=KEY) if m.random else m(params, td)
-
-
-def _out(result):
-    return result[0] if isinstance(result, tuple) else result
+    return call(m, params, td, KEY)
 
 
 def _stack(results):
@@ -47,7 +41,7 @@ def test_purity_inputs_unchanged_and_deterministic(name):
     for (_, v), w in zip(before, after):
         assert torch.equal(v, w)
     assert_close(out1, out2)
-    assert set(td.keys()) <= set(_out(out1).keys())
+    assert set(td.keys()) <= set(output(out1).keys())
     assert hash(m) == hash(e.make()) or m != e.make()
 
 
@@ -67,15 +61,11 @@ def test_vmap_over_params_equals_loop(name):
     m = e.make()
     if not m.has_params:
         pytest.skip("no parameters")
-    members = [params_for(m, key=k) for k in range(3)]
-    if all(
-        torch.equal(a, b) for a, b in zip(fd.tree.leaves(members[0]), fd.tree.leaves(members[1]))
-    ):
-        members = [p.apply(lambda v, i=i: v + 0.1 * i) for i, p in enumerate(members)]
-    ens = fd.stack(members)
+    ps = members(m, 3)
+    ens = fd.stack(ps)
     td = e.example()
     batched = torch.func.vmap(lambda p: _call(m, p, td))(ens)
-    looped = _stack([_call(m, p, td) for p in members])
+    looped = _stack([_call(m, p, td) for p in ps])
     assert_close(batched, looped, rtol=1e-4, atol=1e-5)
 
 
@@ -87,7 +77,7 @@ def test_float64_works(name):
     td = e.example()
     if e.float_inputs:
         td = td.double()
-    out = _out(_call(m, params, td))
+    out = output(_call(m, params, td))
     for k in m.out_keys:
         if out[k].is_floating_point():
             assert out[k].dtype == torch.float64, k

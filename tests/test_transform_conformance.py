@@ -11,7 +11,7 @@ import copy
 
 import pytest
 import torch
-from conformance import ENTRIES, output, params_for
+from conformance import ENTRIES, members, output, params_for
 from conformance import call as call_entry
 
 import functd as fd
@@ -25,13 +25,6 @@ M = 3  # ensemble members
 def call(m, params, td):
     """The output td (a stateful module's new state is checked in test_batchnorm.py)."""
     return output(call_entry(m, params, td, KEY))
-
-
-def members(m, dtype=torch.float32):
-    ps = [params_for(m, key=k, dtype=dtype) for k in range(M)]
-    if all(torch.equal(a, b) for a, b in zip(fd.tree.leaves(ps[0]), fd.tree.leaves(ps[1]))):
-        ps = [p.apply(lambda v, i=i: v + 0.1 * i) for i, p in enumerate(ps)]  # from_module ones
-    return ps
 
 
 def per_member_data(e, dtype=None):
@@ -59,7 +52,7 @@ def test_fd_vmap_over_params_equals_loop(name):
     m = e.make()
     if not m.has_params:
         pytest.skip("no parameters")
-    ps, td = members(m), e.example()
+    ps, td = members(m, M), e.example()
     out = fd.vmap(lambda p, t: call(m, p, t), in_dims=(0, None))(fd.stack(ps), td)
     loop = fd.stack([call(m, p, td) for p in ps])
     assert out.batch_size == torch.Size([M, *td.batch_size])
@@ -70,7 +63,7 @@ def test_fd_vmap_over_params_equals_loop(name):
 def test_fd_vmap_over_params_and_data_equals_loop(name):
     e = ENTRIES[name]
     m = e.make()
-    ps = members(m) if m.has_params else [params_for(m)] * M
+    ps = members(m, M) if m.has_params else [params_for(m)] * M
     tds = per_member_data(e)
     in_p = 0 if m.has_params else None
     out = fd.vmap(lambda p, t: call(m, p, t), in_dims=(in_p, 0))(
