@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench lint format clean venv
+.PHONY: demo test bench gpu-check lint format clean venv
 
 venv: $(STAMP)
 
@@ -28,7 +28,11 @@ test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	for f in benchmarks/*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+	for f in $$(ls benchmarks/*.py | grep -v gpu_check); do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+# The CUDA tests and the GPU benchmark rows in one table (< 5 min); skips without CUDA.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

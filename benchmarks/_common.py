@@ -15,10 +15,14 @@ import torch
 from torch.utils.benchmark import Timer
 
 MIN_RUN_TIME = float(os.environ.get("BENCH_MIN_RUN_TIME", "0.3"))
+# Where the benchmarks put their tensors: BENCH_DEVICE=cuda for the GPU rows
+# (`make gpu-check`); the CPU by default.
+DEVICE = torch.device(os.environ.get("BENCH_DEVICE") or "cpu")
+ON_GPU = DEVICE.type == "cuda"
 
 
 def median_us(fn, min_run_time: float = MIN_RUN_TIME) -> float:
-    """Median time of ``fn()`` in microseconds."""
+    """Median wall time of ``fn()`` in microseconds (torch's Timer synchronizes CUDA)."""
     fn()
     return (
         Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=min_run_time).median * 1e6
@@ -34,9 +38,10 @@ def machine() -> str:
             )
     except OSError:
         pass
+    where = f", {torch.cuda.get_device_name(DEVICE)}" if ON_GPU else ""
     return (
         f"{datetime.date.today()}, {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads{where}"
     )
 
 

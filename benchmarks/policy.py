@@ -3,8 +3,10 @@
 GRUCell -> NormalParamExtractor -> Normal head with log-prob, at batch 1 and
 256, deterministic and random: functd eager (td call) and compiled, and
 tensordict's ProbabilisticTensorDictSequential eager (when installed; its
-random rows draw from torch's global generator, ours from a key). The target
-(issue 4): functd eager <= 0.5x tensordict eager.
+random rows draw from torch's global generator, ours from a key). Each timed
+call builds its TensorDict, with grad mode on (as a user's loop runs). Target
+(issue 11): functd eager <= 0.6x tensordict eager, both interaction types.
+BENCH_DEVICE=cuda runs it on the GPU.
 
 Run: .venv/bin/python benchmarks/policy.py   (BENCH_COMPILE=0 skips compiling)
 """
@@ -19,7 +21,7 @@ from torch import distributions as D
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import machine, median_us, table
+from _common import DEVICE, machine, median_us, table
 
 import functd as fd
 
@@ -66,48 +68,44 @@ def interleaved(fns: dict) -> dict:
 
 
 def rows(batch: int) -> list[list]:
+    """One row per interaction type: the TensorDict is built inside each timed
+    call and grad mode is on, as a user's own loop runs it."""
     torch.manual_seed(0)
-    net = nn.GRUCell(4, 8)
+    net = nn.GRUCell(4, 8).to(DEVICE)
     pol = functd_policy(net)
     params = fd.from_module(pol)
-    x, h = torch.randn(batch, 4), torch.randn(batch, 8)
-    td = fd.TensorDict({"input": x, "hidden": h}, [batch])
-    key = fd.random.key(0)
-    rnd = fd.InteractionType.RANDOM
+    x = torch.randn(batch, 4, device=DEVICE)
+    h = torch.randn(batch, 8, device=DEVICE)
+    key = fd.random.key(0).to(DEVICE)
     out = []
-    with torch.no_grad():
-        for mode in ("deterministic", "random"):
-            it = rnd if mode == "random" else None
+    for mode in ("deterministic", "random"):
+        it = fd.InteractionType.RANDOM if mode == "random" else None
+        k = key if mode == "random" else None
 
-            k = key if mode == "random" else None
+        def call(p, x, h, k, it=it):
+            return pol(p, fd.TensorDict({"input": x, "hidden": h}, [batch]), key=k, interaction=it)
 
-            def call(p, t, k, it=it):
-                return pol(p, t, key=k, interaction=it)
+        fns = {"ours": lambda call=call, k=k: call(params, x, h, k)}
+        if COMPILE:
+            torch._dynamo.reset()
+            f = torch.compile(call, fullgraph=True)
+            for _ in range(3):
+                f(params, x, h, k)
+            fns["compiled"] = lambda f=f, k=k: f(params, x, h, k)
+        ref = tensordict_policy(net, mode)  # its random mode: the module default
+        if ref is not None:
+            from tensordict import TensorDict
 
-            fns = {"ours": lambda call=call, k=k: call(params, td, k)}
-            if COMPILE:
-                torch._dynamo.reset()
-                f = torch.compile(call, fullgraph=True)
-                for _ in range(3):
-                    f(params, td, k)
-                fns["compiled"] = lambda f=f, k=k: f(params, td, k)
-            ref = tensordict_policy(net, mode)  # its random mode: the module default
-            if ref is not None:
-                from tensordict import TensorDict
-
-                ttd = TensorDict({"input": x, "hidden": h}, [batch])
-                fns["theirs"] = lambda ref=ref, ttd=ttd: ref(ttd.copy())
-            t = interleaved(fns)
-            nan = float("nan")
-            ours, comp, theirs = t["ours"], t.get("compiled", nan), t.get("theirs", nan)
-            row = [batch, mode, ours, comp, theirs, ours / theirs]
-            print(row, file=sys.stderr, flush=True)
-            out.append(row)
+            fns["theirs"] = lambda ref=ref: ref(TensorDict({"input": x, "hidden": h}, [batch]))
+        t = interleaved(fns)
+        nan = float("nan")
+        ours, comp, theirs = t["ours"], t.get("compiled", nan), t.get("theirs", nan)
+        out.append([batch, mode, ours, comp, theirs, ours / theirs])
     return out
 
 
 def main() -> None:
-    print(f"# GRU policy call ({machine()})\n")
+    print(f"# GRU policy call, td built in the call, grad mode on ({machine()}, {DEVICE})\n")
     body = rows(1) + rows(256)
     print(
         table(

@@ -17,6 +17,8 @@ Ratios are against the eager torch.optim step measured in the same run.
 Times are the process's CPU time on one thread (BENCH_THREADS), robust on a
 shared machine; BENCH_WALL=1 measures wall time instead.
 
+BENCH_DEVICE=cuda runs every row on the GPU (wall time).
+
 Run: .venv/bin/python benchmarks/train_step.py   (BENCH_QUICK=1: shorter; BENCH_COMPILE=0: eager only)
 """
 
@@ -31,7 +33,7 @@ import torch
 import torch.nn as nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import machine, median_us, table
+from _common import DEVICE, ON_GPU, machine, median_us, table
 from tutorial_block import ResidualBlock, functd_block
 
 import functd as fd
@@ -40,7 +42,8 @@ QUICK = os.environ.get("BENCH_QUICK", "0") == "1"
 COMPILE = os.environ.get("BENCH_COMPILE", "1") == "1"
 BATCH = 64
 MEMBERS = 16
-CPU_TIME = os.environ.get("BENCH_WALL", "0") != "1"  # process CPU time unless BENCH_WALL=1
+# process CPU time unless BENCH_WALL=1 or on the GPU (whose work the CPU clock misses)
+CPU_TIME = os.environ.get("BENCH_WALL", "0") != "1" and not ON_GPU
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 torch.set_num_threads(THREADS)
 MIN_TIME = 0.2 if QUICK else 0.5
@@ -150,7 +153,8 @@ def bench(cases: dict) -> dict[str, float]:
 def run_model(label: str, make):
     torch.manual_seed(0)
     ref, block, params = make()
-    x, y = torch.randn(BATCH, 3), torch.randn(BATCH, 3)
+    ref, params = ref.to(DEVICE), params.to(DEVICE)
+    x, y = torch.randn(BATCH, 3, device=DEVICE), torch.randn(BATCH, 3, device=DEVICE)
     cases = {**torch_steps(ref, x, y), **torchopt_steps(ref, x, y)}
     cases.update(functd_steps(block, params, x, y))
     times = bench(cases)
@@ -172,9 +176,10 @@ def make_mlp():
 
 def run_ensemble():
     torch.manual_seed(0)
-    refs = [ResidualBlock() for _ in range(MEMBERS)]
+    refs = [ResidualBlock().to(DEVICE) for _ in range(MEMBERS)]
     opts = [torch.optim.Adam(r.parameters(), lr=1e-3, foreach=True) for r in refs]
-    xs, ys = torch.randn(MEMBERS, BATCH, 3), torch.randn(MEMBERS, BATCH, 3)
+    xs = torch.randn(MEMBERS, BATCH, 3, device=DEVICE)
+    ys = torch.randn(MEMBERS, BATCH, 3, device=DEVICE)
 
     def loops():
         for r, o, x, y in zip(refs, opts, xs, ys):
