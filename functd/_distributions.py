@@ -7,7 +7,9 @@ tensordict's meanings:
   reparameterised where the distribution has ``rsample`` (a Normal's draw is
   ``loc + eps * scale`` with ``eps = fd.random.normal(key, shape)``); torch's
   global generator is never used.
-- ``MODE`` / ``MEAN``: the distribution's ``mode`` / ``mean``.
+- ``MODE`` / ``MEDIAN`` / ``MEAN``: the distribution's ``mode`` / ``median`` /
+  ``mean`` attribute (few torch distributions define ``median``: MEDIAN raises
+  NotImplementedError for the others, as tensordict's does).
 - ``DETERMINISTIC`` (the default): ``deterministic_sample`` when the
   distribution defines one (tensordict's ``Delta``), else the mode for
   enumerable supports (Categorical, Bernoulli, OneHotCategorical) and the mean
@@ -15,8 +17,8 @@ tensordict's meanings:
   its transforms applied to the base's deterministic value (``tanh(loc)``), not
   tensordict's random estimate of the mean.
 
-``set_interaction_type`` sets the default for a block of code; a module reads it
-once, when a call starts, so a compiled function is specialised on (and guarded
+``set_interaction_type`` sets the default for a block of code (or a decorated
+function); a module reads it once, when a call starts, so a compiled function is specialised on (and guarded
 by) the value it saw.
 
 Example:
@@ -28,10 +30,11 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable
 from enum import Enum
 from typing import Any
 
@@ -39,13 +42,11 @@ import torch
 from torch import Tensor
 from torch import distributions as D
 
-from . import _errors as E
 from . import random as fr
-from ._td import Key, TensorDict
+from ._td import Key
 
 __all__ = [
     "SUPPORTED",
-    "CompositeDistribution",
     "InteractionType",
     "draw",
     "interaction_type",
@@ -59,18 +60,32 @@ class InteractionType(str, Enum):
 
     ``DETERMINISTIC`` (default): the mode for enumerable supports, the mean
     otherwise (``tanh(loc)``-style for transformed distributions); ``RANDOM``:
-    a draw with the call's ``key``; ``MODE``; ``MEAN``. Strings work in any case:
-    ``InteractionType("random")``, and tensordict's members convert.
+    a draw with the call's ``key``; ``MODE``, ``MEDIAN``, ``MEAN``: the
+    distribution's attribute of that name. Strings work in any case:
+    ``InteractionType("random")``, ``InteractionType.from_str("Mode")``, and
+    tensordict's members convert.
 
     Example:
         >>> InteractionType("RANDOM") is InteractionType.RANDOM
+        True
+        >>> InteractionType.from_str("Median") is InteractionType.MEDIAN
         True
     """
 
     DETERMINISTIC = "deterministic"
     RANDOM = "random"
     MODE = "mode"
+    MEDIAN = "median"
     MEAN = "mean"
+
+    @classmethod
+    def from_str(cls, type_str: str) -> InteractionType:
+        """The member whose name is ``type_str``, in any case (tensordict's spelling).
+
+        Raises:
+            ValueError: no member has that name.
+        """
+        return as_interaction(type_str, "InteractionType.from_str")
 
     @classmethod
     def _missing_(cls, value: object) -> InteractionType | None:
@@ -115,7 +130,8 @@ def interaction_type() -> InteractionType | None:
 
 
 class set_interaction_type:
-    """Set the default interaction type of probabilistic modules inside a ``with`` block.
+    """Set the default interaction type of probabilistic modules inside a ``with`` block
+    or a decorated function.
 
     The value is read once when a module call starts, and an explicit
     ``interaction=`` argument wins over it; each module's
@@ -129,6 +145,9 @@ class set_interaction_type:
     Example:
         >>> with fd.set_interaction_type(fd.InteractionType.RANDOM):
         ...     out = policy(params, td, key=fd.random.key(0))
+        >>> @fd.set_interaction_type("mode")
+        ... def act(params, td):
+        ...     return policy(params, td)
     """
 
     def __init__(self, type: InteractionType | str | None = InteractionType.DETERMINISTIC):
@@ -142,6 +161,23 @@ class set_interaction_type:
 
     def __exit__(self, *exc: Any) -> None:
         _STATE.value = self._prev.pop()
+
+    def __call__(self, fn: Callable) -> Callable:
+        """Decorate ``fn``: each call of it runs inside ``with set_interaction_type(type)``."""
+        if not callable(fn):
+            raise TypeError(
+                f"set_interaction_type({self.type!r}) decorates a function, got "
+                f"{type(fn).__name__}; use it as `@fd.set_interaction_type(...)` or in a "
+                "`with` block."
+            )
+        it = self.type
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with set_interaction_type(it):
+                return fn(*args, **kwargs)
+
+        return wrapper
 
     def __repr__(self) -> str:
         return f"set_interaction_type({self.type!r})"
@@ -296,6 +332,9 @@ def draw(dist: D.Distribution, key: Tensor, sample_shape: tuple[int, ...] = ()) 
         >>> draw(D.Normal(torch.zeros(2), torch.ones(2)), fd.random.key(0)).shape
         torch.Size([2])
     """
+    keyed = getattr(type(dist), "_keyed_sample", None)  # fd.CompositeDistribution
+    if keyed is not None:
+        return keyed(dist, key, sample_shape)
     shape = tuple(dist._extended_shape(torch.Size(sample_shape)))
     fn = _SAMPLERS.get(type(dist))
     if fn is not None:
@@ -376,6 +415,8 @@ def value(
         return draw(dist, key)
     if interaction is InteractionType.MODE:
         return _attr(dist, "mode")
+    if interaction is InteractionType.MEDIAN:
+        return _attr(dist, "median")
     try:
         return dist.mean
     except (NotImplementedError, AttributeError):
@@ -417,66 +458,3 @@ def normal_fast(loc: Any, scale: Any, key: Tensor | None, log_prob: bool):
     if not log_prob:
         return x, None
     return x, -((x - loc) ** 2) / (2 * scale**2) - scale.log() - _LOG_SQRT_2PI  # Normal.log_prob
-
-
-class CompositeDistribution:
-    """Independent distributions over several td keys (what ``get_dist`` of several heads returns).
-
-    ``log_prob(td)`` gives a TensorDict of ``<key>_log_prob`` entries (tensordict's
-    layout); ``sample(key)`` draws each component under ``fold_in(key, i)``;
-    ``mode``/``mean``/``deterministic_sample`` are TensorDicts. Later heads'
-    distributions were built from the earlier samples, so ``sample`` draws each
-    conditional on those, not jointly.
-
-    Example:
-        >>> dist = seq.get_dist(params, td)
-        >>> dist.log_prob(out)["a_log_prob"]
-    """
-
-    def __init__(self, dists: Mapping[Key, D.Distribution], batch_size, log_prob_keys=None):
-        self.dists = dict(dists)
-        self.batch_size = torch.Size(batch_size)
-        self.log_prob_keys = dict(log_prob_keys or {})
-
-    def __repr__(self) -> str:
-        return f"CompositeDistribution({self.dists})"
-
-    def _td(self, values: dict) -> TensorDict:
-        out = TensorDict({}, self.batch_size)
-        for k, v in values.items():
-            out = out.set(k, v)
-        return out
-
-    def log_prob(self, td: TensorDict) -> TensorDict:
-        vals = {}
-        for k, d in self.dists.items():
-            x = td.get(k, None)
-            if x is None:
-                raise KeyError(
-                    f"CompositeDistribution.log_prob: the tensordict lacks the sample "
-                    f"{E.fmt_key(k)}; it has {E.fmt_keys(td.keys(True, True))}."
-                )
-            vals[self.log_prob_keys.get(k, add_suffix(k, "_log_prob"))] = d.log_prob(x)
-        return self._td(vals)
-
-    def sample(self, key: Tensor) -> TensorDict:
-        from .random import fold_in
-
-        return self._td(
-            {k: draw(d, fold_in(key, i)) for i, (k, d) in enumerate(self.dists.items())}
-        )
-
-    def _value(self, it: InteractionType) -> TensorDict:
-        return self._td({k: value(d, it, None) for k, d in self.dists.items()})
-
-    @property
-    def mode(self) -> TensorDict:
-        return self._value(InteractionType.MODE)
-
-    @property
-    def mean(self) -> TensorDict:
-        return self._value(InteractionType.MEAN)
-
-    @property
-    def deterministic_sample(self) -> TensorDict:
-        return self._value(InteractionType.DETERMINISTIC)

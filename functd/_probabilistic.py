@@ -30,8 +30,14 @@ from torch import Tensor
 from torch import distributions as D
 
 from . import _errors as E
-from ._distributions import (
+from ._composite import (
     CompositeDistribution,
+    composite_sample_keys,
+    log_prob_layout,
+    many,
+    sample_shape,
+)
+from ._distributions import (
     InteractionType,
     UnsupportedDistribution,
     add_suffix,
@@ -41,6 +47,7 @@ from ._distributions import (
     value,
 )
 from ._module import (
+    _NOPE,
     Module,
     _bad_td,
     _get_path,
@@ -53,8 +60,6 @@ from ._sequential import Sequential
 from ._td import Key, TensorDict
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
-
-_NOPE = object()
 
 
 def _path(key: Key) -> tuple[str, ...]:
@@ -111,20 +116,33 @@ class Probabilistic(Module):
             argument named by its last element (``("agent", "loc")`` feeds ``loc``);
             or a dict mapping td keys to argument names (``{"mu": "loc"}``, as
             ``fd.Module``'s dict in_keys; tensordict's dict goes the other way).
-        out_keys: the one key the value is written to.
-        distribution_class: a ``torch.distributions`` class, or a callable taking the
-            parameters as keywords and returning a distribution.
+        out_keys: the one key the value is written to; for a
+            ``fd.CompositeDistribution``, its sample keys (default: the
+            ``distribution_map`` keys, renamed by ``name_map``).
+        distribution_class: a ``torch.distributions`` class, ``fd.CompositeDistribution``
+            (its ``distribution_map``, ``name_map``, ... in ``distribution_kwargs``), or a
+            callable taking the parameters as keywords and returning a distribution.
         distribution_kwargs: constant keyword arguments of ``distribution_class``.
         return_log_prob: also write the value's log-probability.
         log_prob_key: where; default ``<out_key>_log_prob`` (suffix on the last
-            element of a nested key).
+            element of a nested key); with ``composite_lp_aggregate`` the key of the
+            summed log-probability (default ``"sample_log_prob"``).
         default_interaction_type: used when neither ``interaction=`` nor
             ``fd.set_interaction_type`` says otherwise.
         n_empirical_estimate: draws averaged by MEAN when the distribution has no mean.
+        log_prob_keys: one log-probability key per sample key (a composite's custom keys).
+        num_samples: an int (or tuple): the call returns that many values along new
+            leading dims of every output (tensordict's layout: the td is expanded to
+            ``num_samples + batch_size``); the draws are the one-sample call vmapped over
+            ``fd.random.split(key, n).reshape(*num_samples, 2)``.
+        composite_lp_aggregate: tensordict's aggregated layout (its
+            ``set_composite_lp_aggregate(True)``): a composite writes its per-key
+            entries and their sum at ``log_prob_key``, and ``log_prob`` returns the sum.
 
     Raises:
-        ValueError: several out_keys; a log-prob key colliding with a sample or
-            parameter key; an unknown interaction type.
+        ValueError: several out_keys without a composite; a log-prob key colliding
+            with a sample or parameter key; an unknown interaction type; a bad
+            ``num_samples``.
         TypeError: an argument name the distribution class does not take.
 
     Example:
@@ -138,24 +156,33 @@ class Probabilistic(Module):
         "_dkw",
         "_names",
         "_normal",
+        "_composite",
+        "composite_lp_aggregate",
         "default_interaction_type",
         "distribution_class",
         "log_prob_key",
+        "log_prob_keys",
         "n_empirical_estimate",
+        "num_samples",
         "return_log_prob",
         "sample_key",
+        "sample_keys",
     )
 
     def __init__(
         self,
         in_keys: Sequence[Key] | Mapping[Key, str] | Key,
-        out_keys: Sequence[Key] | Key,
-        distribution_class: Callable[..., D.Distribution],
+        out_keys: Sequence[Key] | Key | None = None,
+        distribution_class: Callable[..., D.Distribution] | None = None,
         distribution_kwargs: Mapping[str, Any] | None = None,
         return_log_prob: bool = False,
         log_prob_key: Key | None = None,
         default_interaction_type: InteractionType | str = InteractionType.DETERMINISTIC,
         n_empirical_estimate: int = 1000,
+        *,
+        log_prob_keys: Sequence[Key] | None = None,
+        num_samples: int | Sequence[int] | None = None,
+        composite_lp_aggregate: bool = False,
     ) -> None:
         if isinstance(in_keys, Mapping):
             ins, names = as_keys(list(in_keys.keys()), "in_keys"), tuple(in_keys.values())
@@ -167,47 +194,62 @@ class Probabilistic(Module):
         else:
             ins = as_keys(in_keys, "in_keys")
             names = tuple(_path(k)[-1] for k in ins)
-        outs = as_keys(out_keys, "out_keys")
-        if len(outs) != 1:
-            raise ValueError(
-                f"Probabilistic writes one sample, but out_keys has {len(outs)} "
-                f"({E.fmt_keys(outs)}); use one Probabilistic per sampled key inside a "
-                "fd.ProbabilisticSequential (their distributions form a composite)."
-            )
-        if not callable(distribution_class):
+        if distribution_class is None or not callable(distribution_class):
             raise TypeError(
                 f"Probabilistic: distribution_class must be a torch.distributions class or a "
                 f"callable returning a distribution, got {distribution_class!r}."
             )
         dkw = dict(distribution_kwargs or {})
-        sample_key = outs[0]
-        lp_key = None
-        if return_log_prob:
-            lp_key = as_keys(
-                log_prob_key if log_prob_key is not None else add_suffix(sample_key, "_log_prob"),
-                "log_prob_key",
-            )[0]
-            clash = [k for k in (sample_key, *ins) if _overlap(lp_key, k)]
-            if clash:
-                raise ValueError(
-                    f"Probabilistic: log_prob_key {E.fmt_key(lp_key)} collides with "
-                    f"{E.fmt_keys(clash)} (the sample or a distribution parameter): writing the "
-                    "log-probability would overwrite it. Choose another log_prob_key, e.g. "
-                    f"{E.fmt_key(add_suffix(sample_key, '_log_prob'))}."
+        composite = isinstance(distribution_class, type) and issubclass(
+            distribution_class, CompositeDistribution
+        )
+        agg = bool(composite_lp_aggregate)
+        if composite:
+            samples = composite_sample_keys(dkw, out_keys)
+        else:
+            if out_keys is None:
+                raise TypeError(
+                    "Probabilistic: out_keys is required (the key the value is written to); "
+                    "only a fd.CompositeDistribution takes its keys from distribution_map."
                 )
+            samples = as_keys(out_keys, "out_keys")
+            if len(samples) != 1:
+                raise ValueError(
+                    f"Probabilistic writes one sample, but out_keys has {len(samples)} "
+                    f"({E.fmt_keys(samples)}); use one Probabilistic per sampled key inside a "
+                    "fd.ProbabilisticSequential, or distribution_class=fd.CompositeDistribution."
+                )
+        lp_keys, lp_key = log_prob_layout(samples, log_prob_keys, log_prob_key, composite, agg)
+        if return_log_prob:
+            for lk in (*lp_keys, *((lp_key,) if composite and agg else ())):
+                clash = [k for k in (*samples, *ins) if _overlap(lk, k)]
+                if clash:
+                    raise ValueError(
+                        f"Probabilistic: log_prob_key {E.fmt_key(lk)} collides with "
+                        f"{E.fmt_keys(clash)} (the sample or a distribution parameter): writing "
+                        "the log-probability would overwrite it. Choose another log_prob_key, "
+                        f"e.g. {E.fmt_key(add_suffix(samples[0], '_log_prob'))}."
+                    )
+        outs = samples
+        if return_log_prob:
+            outs = (*samples, *lp_keys, *((lp_key,) if composite and agg else ()))
         set_ = object.__setattr__
         set_(self, "_fn", distribution_class)
         set_(self, "_source", None)
         set_(self, "in_keys", ins)
-        set_(self, "out_keys", (sample_key,) if lp_key is None else (sample_key, lp_key))
+        set_(self, "out_keys", outs)
         set_(self, "_kwargs", names)
         set_(self, "_has_params", False)
         set_(self, "_random", True)
         set_(self, "_kind", -1)
         set_(self, "_plain", None)
         set_(self, "_names", names)
-        set_(self, "sample_key", sample_key)
-        set_(self, "log_prob_key", lp_key)
+        set_(self, "_composite", composite)
+        set_(self, "sample_key", samples[0])
+        set_(self, "sample_keys", samples)
+        set_(self, "log_prob_key", lp_key if return_log_prob else None)
+        set_(self, "log_prob_keys", lp_keys if return_log_prob else ())
+        set_(self, "composite_lp_aggregate", agg)
         set_(self, "return_log_prob", bool(return_log_prob))
         set_(self, "distribution_class", distribution_class)
         set_(self, "_dist_kwargs", dkw)
@@ -218,6 +260,7 @@ class Probabilistic(Module):
             as_interaction(default_interaction_type, self._label()),
         )
         set_(self, "n_empirical_estimate", int(n_empirical_estimate))
+        set_(self, "num_samples", sample_shape(num_samples, self._label()))
         set_(self, "_run", self._run_ctx)
         normal = None  # (loc key, scale key) of a plain Normal head: a faster path
         if distribution_class is D.Normal and not dkw and sorted(names) == ["loc", "scale"]:
@@ -240,6 +283,8 @@ class Probabilistic(Module):
             self._dkw,
             self.default_interaction_type,
             self.n_empirical_estimate,
+            self.num_samples,
+            self.composite_lp_aggregate,
         )
 
     def __eq__(self, other: object) -> bool:
@@ -262,10 +307,13 @@ class Probabilistic(Module):
         name = getattr(self._fn, "__name__", None) or type(self._fn).__name__
         ins = dict(zip(self.in_keys, self._names))
         extra = f", distribution_kwargs={self._dist_kwargs}" if self._dist_kwargs else ""
-        lp = f", log_prob_key={self.log_prob_key!r}" if self.return_log_prob else ""
+        lp = f", log_prob_keys={list(self.log_prob_keys)!r}" if self.return_log_prob else ""
+        if self.composite_lp_aggregate:
+            lp += f", log_prob_key={self.log_prob_key!r}, composite_lp_aggregate=True"
+        ns = f", num_samples={self.num_samples}" if self.num_samples else ""
         return (
-            f"Probabilistic(in_keys={ins}, out_keys=[{self.sample_key!r}], "
-            f"distribution_class={name}{extra}{lp}, "
+            f"Probabilistic(in_keys={ins}, out_keys={list(self.sample_keys)!r}, "
+            f"distribution_class={name}{extra}{lp}{ns}, "
             f"default_interaction_type={self.default_interaction_type!r})"
         )
 
@@ -294,7 +342,12 @@ class Probabilistic(Module):
             if v is _NOPE:
                 _missing_input(self, k, data)
             kw[name] = v
-        return self._fn(**kw)
+        dist = self._fn(**kw)
+        if self._composite and isinstance(dist, CompositeDistribution):
+            dist._lp_keys = dict(zip(self.sample_keys, self.log_prob_keys))
+            if self.composite_lp_aggregate and self.log_prob_key is not None:
+                dist.log_prob_key = self.log_prob_key
+        return dist
 
     def get_dist(self, params: TensorDict | None, td: TensorDict) -> D.Distribution:
         """The distribution built from ``td``'s entries (``params`` is unused: None).
@@ -306,13 +359,17 @@ class Probabilistic(Module):
             _bad_td(self, params, td)
         return self._dist(td._data)
 
-    def log_prob(self, params: TensorDict | None, td: TensorDict) -> Tensor:
-        """The log-probability of ``td[out_key]`` under the distribution built from ``td``.
+    def log_prob(self, params: TensorDict | None, td: TensorDict) -> Tensor | TensorDict:
+        """The log-probability of ``td[out_key]`` under the distribution built from ``td``;
+        for a composite, a TensorDict of the per-key entries (with
+        ``composite_lp_aggregate``: their sum, a tensor).
 
         Raises:
             KeyError: ``td`` lacks the sample or a distribution parameter.
         """
         dist = self.get_dist(params, td)
+        if self._composite and isinstance(dist, CompositeDistribution):
+            return dist.log_prob(td, aggregate=self.composite_lp_aggregate)
         x = td.get(self.sample_key, None)
         if x is None:
             raise KeyError(
@@ -332,10 +389,26 @@ class Probabilistic(Module):
         interaction: InteractionType | str | None = None,
         **tensors: Tensor,
     ):
-        """``m(params, td, key=None, interaction=None)`` -> new td with the value (and log-prob)."""
-        return call_td(self, params, td, key, tensors, self._run_i, _resolve(interaction, self))
+        """``m(params, td, key=None, interaction=None)`` -> new td with the value (and log-prob).
+
+        With ``num_samples``: the one-sample call vmapped over
+        ``fd.random.split(key, n)`` (every output gets the leading sample dims)."""
+        it = _resolve(interaction, self)
+        if self.num_samples is None:
+            return call_td(self, params, td, key, tensors, self._run_i, it)
+        if key is not None:
+            _check_key_arg(self._label(), key)
+        return many(
+            lambda k: call_td(self, params, td, k, tensors, self._run_i, it), self.num_samples, key
+        )
 
     def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
+        if self.num_samples is not None:
+            raise ValueError(
+                f"{self._label()}: num_samples adds leading sample dims to the whole tensordict, "
+                "which a plain fd.Sequential cannot do; call the head alone or put it in a "
+                "fd.ProbabilisticSequential."
+            )
         self._run_i(params, data, bs, key, interaction_type())
 
     def _run_i(self, params: Any, data: dict, bs: torch.Size, key: Any, it: Any) -> None:
@@ -357,9 +430,26 @@ class Probabilistic(Module):
             x = value(dist, it, key, self.n_empirical_estimate)
         except (UnsupportedDistribution, NotImplementedError) as e:
             raise type(e)(f"{self._label()} under {it!r}: {e}") from None
+        if self._composite:
+            _write_composite(self, data, bs, dist, x)
+            return
         _write(self, data, bs, self.sample_key, x)
         if self.return_log_prob:
             _write(self, data, bs, self.log_prob_key, dist.log_prob(x))
+
+
+def _write_composite(m: Probabilistic, data: dict, bs: torch.Size, dist: Any, x: Any) -> None:
+    if not isinstance(x, TensorDict):
+        raise TypeError(
+            f"{m._label()}: distribution_class returned a {type(dist).__name__}, whose value is "
+            f"a {type(x).__name__}, not the TensorDict of a fd.CompositeDistribution."
+        )
+    for k in m.sample_keys:
+        _write(m, data, bs, k, x.get(k))
+    if m.return_log_prob:
+        lp = dist.log_prob_composite(x, include_sum=m.composite_lp_aggregate)
+        for k in m.out_keys[len(m.sample_keys) :]:
+            _write(m, data, bs, k, lp.get(k))
 
 
 def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool:
