@@ -240,7 +240,9 @@ class CompositeDistribution(D.Distribution, Mapping):
             return self.log_prob_composite(sample)
         total = 0.0
         for k, d in self.dists.items():
-            total = total + _event_sum(d.log_prob(self._get(sample, k, "log_prob")), sample.batch_dims)
+            total = total + _event_sum(
+                d.log_prob(self._get(sample, k, "log_prob")), sample.batch_dims
+            )
         return total
 
     def _entropy(self, d: D.Distribution, samples_mc: int, key: Tensor | None) -> Tensor:
@@ -287,7 +289,9 @@ def sample_shape(num_samples: Any, label: str) -> tuple[int, ...] | None:
     if num_samples is None:
         return None
     shape = (num_samples,) if isinstance(num_samples, int) else tuple(num_samples)
-    if not shape or not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape):
+    if not shape or not all(
+        isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in shape
+    ):
         raise ValueError(
             f"{label}: num_samples must be a positive int (or a tuple of them), got "
             f"{num_samples!r}."
@@ -308,63 +312,3 @@ def many(call: Callable[[Any], Any], shape: tuple[int, ...], key: Tensor | None)
     for _ in shape:
         f = torch.func.vmap(f)
     return f(args)
-
-
-def composite_sample_keys(dkw: Mapping[str, Any], out_keys: Any) -> tuple[Key, ...]:
-    """The sample keys of a composite head: ``distribution_map``'s keys renamed by
-    ``name_map``; ``out_keys``, when given, must name the same keys."""
-    from ._module import as_keys
-
-    dmap = dkw.get("distribution_map")
-    if not isinstance(dmap, Mapping) or not dmap:
-        raise KeyError(
-            "Probabilistic: distribution_class=fd.CompositeDistribution needs "
-            "distribution_kwargs={'distribution_map': {key: distribution class, ...}}."
-        )
-    samples = tuple(write_names(dkw.get("name_map"), list(dmap)).values())
-    if out_keys is None:
-        return samples
-    outs = as_keys(out_keys, "out_keys")
-    if set(outs) != set(samples) or len(outs) != len(samples):
-        raise ValueError(
-            f"Probabilistic: out_keys {E.fmt_keys(outs)} are not the composite's sample keys "
-            f"{E.fmt_keys(samples)} (distribution_map's keys, renamed by name_map); leave "
-            "out_keys out, or list exactly those keys."
-        )
-    return outs
-
-
-def log_prob_layout(
-    samples: tuple[Key, ...], keys: Any, key: Any, composite: bool, aggregate: bool
-) -> tuple[tuple[Key, ...], Key | None]:
-    """(one log-prob key per sample key, the single/summed key) in tensordict's layout."""
-    from ._module import as_keys
-
-    if keys is not None and aggregate:
-        raise ValueError(
-            "Probabilistic: composite_lp_aggregate=True writes the summed log-probability at "
-            "log_prob_key; log_prob_keys is for the per-key layout (aggregate False)."
-        )
-    if key is not None and composite and not aggregate:
-        raise ValueError(
-            "Probabilistic: a composite writes one log-probability per sample key: pass "
-            "log_prob_keys=[...] (or composite_lp_aggregate=True to name their sum with "
-            "log_prob_key)."
-        )
-    if keys is not None:
-        lps = as_keys(keys, "log_prob_keys")
-        if len(lps) != len(samples):
-            raise ValueError(
-                f"Probabilistic: log_prob_keys has {len(lps)} keys for {len(samples)} sample "
-                f"keys {E.fmt_keys(samples)}; give one per sample key."
-            )
-        return lps, (lps[0] if len(lps) == 1 else None)
-    if composite:
-        lps = tuple(add_suffix(k, "_log_prob") for k in samples)
-        if not aggregate:
-            return lps, None
-        return lps, as_keys(SUM_LOG_PROB if key is None else key, "log_prob_key")[0]
-    if key is None:
-        key = SUM_LOG_PROB if aggregate else add_suffix(samples[0], "_log_prob")
-    lp = as_keys(key, "log_prob_key")[0]
-    return (lp,), lp

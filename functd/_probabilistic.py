@@ -30,17 +30,10 @@ from torch import Tensor
 from torch import distributions as D
 
 from . import _errors as E
-from ._composite import (
-    CompositeDistribution,
-    composite_sample_keys,
-    log_prob_layout,
-    many,
-    sample_shape,
-)
+from ._composite import CompositeDistribution, many, sample_shape
 from ._distributions import (
     InteractionType,
     UnsupportedDistribution,
-    add_suffix,
     as_interaction,
     interaction_type,
     normal_fast,
@@ -53,50 +46,13 @@ from ._module import (
     _get_path,
     _missing_input,
     _write,
-    as_keys,
     call_td,
 )
+from ._prob_args import _check_key_arg, _freeze, parse_head, write_composite
 from ._sequential import Sequential
 from ._td import Key, TensorDict
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
-
-
-def _path(key: Key) -> tuple[str, ...]:
-    return (key,) if isinstance(key, str) else key
-
-
-def _overlap(a: Key, b: Key) -> bool:
-    """a == b, or one lies inside the other."""
-    pa, pb = _path(a), _path(b)
-    n = min(len(pa), len(pb))
-    return pa[:n] == pb[:n]
-
-
-def _freeze(v: Any) -> Any:
-    try:
-        hash(v)
-        return v
-    except TypeError:
-        if isinstance(v, list | tuple):
-            return tuple(_freeze(x) for x in v)
-        if isinstance(v, dict):
-            return tuple((k, _freeze(x)) for k, x in v.items())
-        return ("<id>", id(v))
-
-
-def _check_key_arg(label: str, key: Any) -> None:
-    if not isinstance(key, Tensor) or key.dtype not in (torch.int32, torch.uint32):
-        what = f"dtype {key.dtype}" if isinstance(key, Tensor) else type(key).__name__
-        raise TypeError(
-            f"{label}: `key` must be a functd.random key (an int32 tensor of shape (2,)), got "
-            f"{what}; make one with fd.random.key(seed)."
-        )
-    if tuple(key.shape) != (2,):
-        raise ValueError(
-            f"{label}: `key` must be one key of shape (2,), got shape {tuple(key.shape)}. For "
-            "a batch of keys map over them: torch.func.vmap(lambda k: m(params, td, key=k))(keys)."
-        )
 
 
 def _resolve(interaction: Any, m: Any) -> InteractionType | None:
@@ -152,11 +108,11 @@ class Probabilistic(Module):
     """
 
     __slots__ = (
+        "_composite",
         "_dist_kwargs",
         "_dkw",
         "_names",
         "_normal",
-        "_composite",
         "composite_lp_aggregate",
         "default_interaction_type",
         "distribution_class",
@@ -184,55 +140,18 @@ class Probabilistic(Module):
         num_samples: int | Sequence[int] | None = None,
         composite_lp_aggregate: bool = False,
     ) -> None:
-        if isinstance(in_keys, Mapping):
-            ins, names = as_keys(list(in_keys.keys()), "in_keys"), tuple(in_keys.values())
-            if not all(isinstance(n, str) for n in names):
-                raise TypeError(
-                    f"Probabilistic: dict in_keys map td keys to argument names (str), got "
-                    f"{dict(in_keys)!r}."
-                )
-        else:
-            ins = as_keys(in_keys, "in_keys")
-            names = tuple(_path(k)[-1] for k in ins)
-        if distribution_class is None or not callable(distribution_class):
-            raise TypeError(
-                f"Probabilistic: distribution_class must be a torch.distributions class or a "
-                f"callable returning a distribution, got {distribution_class!r}."
-            )
         dkw = dict(distribution_kwargs or {})
-        composite = isinstance(distribution_class, type) and issubclass(
-            distribution_class, CompositeDistribution
-        )
         agg = bool(composite_lp_aggregate)
-        if composite:
-            samples = composite_sample_keys(dkw, out_keys)
-        else:
-            if out_keys is None:
-                raise TypeError(
-                    "Probabilistic: out_keys is required (the key the value is written to); "
-                    "only a fd.CompositeDistribution takes its keys from distribution_map."
-                )
-            samples = as_keys(out_keys, "out_keys")
-            if len(samples) != 1:
-                raise ValueError(
-                    f"Probabilistic writes one sample, but out_keys has {len(samples)} "
-                    f"({E.fmt_keys(samples)}); use one Probabilistic per sampled key inside a "
-                    "fd.ProbabilisticSequential, or distribution_class=fd.CompositeDistribution."
-                )
-        lp_keys, lp_key = log_prob_layout(samples, log_prob_keys, log_prob_key, composite, agg)
-        if return_log_prob:
-            for lk in (*lp_keys, *((lp_key,) if composite and agg else ())):
-                clash = [k for k in (*samples, *ins) if _overlap(lk, k)]
-                if clash:
-                    raise ValueError(
-                        f"Probabilistic: log_prob_key {E.fmt_key(lk)} collides with "
-                        f"{E.fmt_keys(clash)} (the sample or a distribution parameter): writing "
-                        "the log-probability would overwrite it. Choose another log_prob_key, "
-                        f"e.g. {E.fmt_key(add_suffix(samples[0], '_log_prob'))}."
-                    )
-        outs = samples
-        if return_log_prob:
-            outs = (*samples, *lp_keys, *((lp_key,) if composite and agg else ()))
+        ins, names, samples, lp_keys, lp_key, composite, outs = parse_head(
+            in_keys,
+            out_keys,
+            distribution_class,
+            dkw,
+            return_log_prob,
+            log_prob_key,
+            log_prob_keys,
+            agg,
+        )
         set_ = object.__setattr__
         set_(self, "_fn", distribution_class)
         set_(self, "_source", None)
@@ -431,25 +350,11 @@ class Probabilistic(Module):
         except (UnsupportedDistribution, NotImplementedError) as e:
             raise type(e)(f"{self._label()} under {it!r}: {e}") from None
         if self._composite:
-            _write_composite(self, data, bs, dist, x)
+            write_composite(self, data, bs, dist, x)
             return
         _write(self, data, bs, self.sample_key, x)
         if self.return_log_prob:
             _write(self, data, bs, self.log_prob_key, dist.log_prob(x))
-
-
-def _write_composite(m: Probabilistic, data: dict, bs: torch.Size, dist: Any, x: Any) -> None:
-    if not isinstance(x, TensorDict):
-        raise TypeError(
-            f"{m._label()}: distribution_class returned a {type(dist).__name__}, whose value is "
-            f"a {type(x).__name__}, not the TensorDict of a fd.CompositeDistribution."
-        )
-    for k in m.sample_keys:
-        _write(m, data, bs, k, x.get(k))
-    if m.return_log_prob:
-        lp = dist.log_prob_composite(x, include_sum=m.composite_lp_aggregate)
-        for k in m.out_keys[len(m.sample_keys) :]:
-            _write(m, data, bs, k, lp.get(k))
 
 
 def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool:
@@ -486,9 +391,20 @@ class ProbabilisticSequential(Sequential):
     Args:
         *modules: Modules, Sequentials and at least one ``Probabilistic``.
         selected_out_keys: keep only these outputs (and the inputs).
+        return_composite: what ``get_dist`` returns: True, a ``fd.CompositeDistribution``
+            over every head's sample keys; False, the last module's distribution (it
+            must be a head). Default (None): True with several heads or when the last
+            module is not a head, as tensordict.
+
+    A head with ``num_samples=n`` makes the call the one-sample call vmapped over
+    ``fd.random.split(key, n)``: every output gets the leading dim, and the other
+    random modules draw per sample too (tensordict draws the modules before the
+    head once); at most one head may set it.
 
     Raises:
-        TypeError: no ``Probabilistic`` head among the modules.
+        TypeError: no ``Probabilistic`` head among the modules; return_composite=False
+            with a last module that is not a head.
+        ValueError: several heads with ``num_samples``.
 
     Example:
         >>> out = policy(params, td, key=k, interaction=fd.InteractionType.RANDOM)
@@ -496,12 +412,13 @@ class ProbabilisticSequential(Sequential):
         >>> lp = policy.log_prob(params, out)
     """
 
-    __slots__ = ("_heads", "_psteps")
+    __slots__ = ("_heads", "_ns", "_psteps", "return_composite")
 
     def __init__(
         self,
         *modules: Module | Sequential,
         selected_out_keys: Sequence[Key] | None = None,
+        return_composite: bool | None = None,
         _names: Sequence[str] | None = None,
     ) -> None:
         super().__init__(*modules, selected_out_keys=selected_out_keys, _names=_names)
@@ -511,6 +428,23 @@ class ProbabilisticSequential(Sequential):
                 "ProbabilisticSequential needs at least one fd.Probabilistic module (the head "
                 "that draws from the distribution); without one use fd.Sequential."
             )
+        last_is_head = heads[-1] == len(self.modules) - 1
+        if return_composite is None:
+            return_composite = len(heads) > 1 or not last_is_head
+        elif not return_composite and not last_is_head:
+            raise TypeError(
+                "ProbabilisticSequential(return_composite=False): get_dist returns the last "
+                "module's distribution, but the last module is not a fd.Probabilistic; end with "
+                "the head, or use return_composite=True."
+            )
+        ns = [self.modules[i].num_samples for i in heads if self.modules[i].num_samples]
+        if len(ns) > 1:
+            raise ValueError(
+                f"{self._label()}: {len(ns)} heads set num_samples; set it on one head (the "
+                "call is the one-sample call vmapped over split keys)."
+            )
+        object.__setattr__(self, "return_composite", bool(return_composite))
+        object.__setattr__(self, "_ns", ns[0] if ns else None)
         psteps = tuple(
             (n, m, hp, rnd, idx, run, getattr(m, "_run_i", None))
             for n, m, hp, rnd, idx, run in self._steps
@@ -520,7 +454,11 @@ class ProbabilisticSequential(Sequential):
         object.__setattr__(self, "_run", self._run_ctx)
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is ProbabilisticSequential and self._identity() == other._identity()
+        return (
+            type(other) is ProbabilisticSequential
+            and self._identity() == other._identity()
+            and self.return_composite == other.return_composite
+        )
 
     def __hash__(self) -> int:
         return hash(("prob", self._identity()))
@@ -536,11 +474,18 @@ class ProbabilisticSequential(Sequential):
     def __getitem__(self, index: int | slice) -> Sequential:
         mods = self.modules[index] if isinstance(index, slice) else (self.modules[index],)
         names = self.names[index] if isinstance(index, slice) else (self.names[index],)
-        cls = ProbabilisticSequential if any(_is_head(m) for m in mods) else Sequential
-        return cls(*mods, _names=names)
+        if not any(_is_head(m) for m in mods):
+            return Sequential(*mods, _names=names)
+        rc = True if self.return_composite else None  # (as tensordict's slices)
+        return ProbabilisticSequential(*mods, return_composite=rc, _names=names)
 
     def select_out_keys(self, *keys: Key) -> ProbabilisticSequential:
-        return ProbabilisticSequential(*self.modules, selected_out_keys=keys, _names=self.names)
+        return ProbabilisticSequential(
+            *self.modules,
+            selected_out_keys=keys,
+            return_composite=self.return_composite,
+            _names=self.names,
+        )
 
     @property
     def default_interaction_type(self) -> InteractionType:
@@ -558,10 +503,22 @@ class ProbabilisticSequential(Sequential):
         interaction: InteractionType | str | None = None,
         **tensors: Tensor,
     ):
-        """``policy(params, td, key=None, interaction=None)`` -> new td."""
-        return call_td(self, params, td, key, tensors, self._run_i, _resolve(interaction, self))
+        """``policy(params, td, key=None, interaction=None)`` -> new td (with a head's
+        ``num_samples``: vmapped over ``fd.random.split(key, n)``)."""
+        it = _resolve(interaction, self)
+        if self._ns is None:
+            return call_td(self, params, td, key, tensors, self._run_i, it)
+        if key is not None:
+            _check_key_arg(self._label(), key)
+        return many(lambda k: call_td(self, params, td, k, tensors, self._run_i, it), self._ns, key)
 
     def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
+        if self._ns is not None:
+            raise ValueError(
+                f"{self._label()}: a head's num_samples adds leading sample dims to the whole "
+                "tensordict; call the ProbabilisticSequential itself, not through an outer "
+                "module."
+            )
         self._run_i(params, data, bs, key, interaction_type())
 
     def _run_i(self, params, data, bs, key, it, stop: int | None = None, dists=None) -> None:
@@ -581,8 +538,8 @@ class ProbabilisticSequential(Sequential):
                     from .random import fold_in
                 k = fold_in(key, idx)
             if dists is not None and _is_head(m):
-                dists[m.sample_key] = (m, m._dist(data), k)
-                if m.sample_key in data or i == stop - 1:
+                dists[i] = (m, m._dist(data), k)
+                if _has_samples(m, data) or i == stop - 1:
                     continue
             if run_i is not None:
                 run_i(p, data, bs, k, it)
@@ -599,10 +556,11 @@ class ProbabilisticSequential(Sequential):
         key: Any = None,
         interaction: InteractionType | str | None = None,
     ) -> D.Distribution | CompositeDistribution:
-        """The distribution of the head (one head), or a ``CompositeDistribution`` over the
-        heads' sample keys (several). Modules run as in a call; a head whose sample is
-        already in ``td`` keeps it (so later heads condition on it), else draws it with
-        ``interaction`` (and ``key`` when RANDOM).
+        """The last head's distribution (``return_composite=False``), or a
+        ``CompositeDistribution`` over every head's sample keys (True; a composite
+        head's components are merged in). Modules run as in a call; a head whose
+        sample is already in ``td`` keeps it (so later heads condition on it), else
+        draws it with ``interaction`` (and ``key`` when RANDOM).
 
         Raises:
             KeyError, TypeError: as a call does (missing entries, bad params).
@@ -610,17 +568,24 @@ class ProbabilisticSequential(Sequential):
         it = _resolve(interaction, self)
         if not isinstance(td, TensorDict):
             _bad_td(self, params, td)
-        data = dict(td._data)
-        if len(self._heads) == 1:
-            self._run_i(params, data, td._batch_size, key, it, stop=self._heads[0])
+        data, bs = dict(td._data), td._batch_size
+        if not self.return_composite and len(self._heads) == 1:
+            self._run_i(params, data, bs, key, it, stop=self._heads[0])
             return self.modules[self._heads[0]]._dist(data)
         dists: dict = {}
-        self._run_i(params, data, td._batch_size, key, it, stop=self._heads[-1] + 1, dists=dists)
-        return CompositeDistribution(
-            {k: d for k, (_, d, _) in dists.items()},
-            td._batch_size,
-            {k: (m.log_prob_key or add_suffix(k, "_log_prob")) for k, (m, _, _) in dists.items()},
-        )
+        self._run_i(params, data, bs, key, it, stop=self._heads[-1] + 1, dists=dists)
+        if not self.return_composite:
+            return dists[self._heads[-1]][1]
+        merged, lp_keys = {}, {}
+        for m, d, _ in dists.values():
+            if isinstance(d, CompositeDistribution):
+                merged.update(d.dists)
+                lp_keys.update(d._lp_keys)
+            else:
+                merged[m.sample_key] = d
+                if m.return_log_prob and not m.composite_lp_aggregate:
+                    lp_keys[m.sample_key] = m.log_prob_key
+        return CompositeDistribution.from_distributions(bs, merged, _lp_keys=lp_keys)
 
     def log_prob(
         self,
@@ -629,18 +594,32 @@ class ProbabilisticSequential(Sequential):
         *,
         key: Any = None,
         interaction: InteractionType | str | None = None,
+        aggregate: bool | None = None,
     ) -> Tensor | TensorDict:
-        """The log-probability of the sample(s) in ``td``: a tensor for one head; for
-        several, a TensorDict of each head's ``<key>_log_prob`` (log p of later heads is
-        conditional on the earlier samples in ``td``).
+        """The log-probability of the sample(s) in ``td``: a tensor for the last head's
+        distribution; for a composite, a TensorDict of each sample's ``<key>_log_prob``
+        (the keys a call writes), or their sum with ``aggregate`` (default: the last
+        head's ``composite_lp_aggregate``). Log p of later heads is conditional on the
+        earlier samples in ``td``.
 
         Raises:
             KeyError: ``td`` lacks a sample to score.
         """
         dist = self.get_dist(params, td, key=key, interaction=interaction)
         if isinstance(dist, CompositeDistribution):
-            return dist.log_prob(td)
-        return dist.log_prob(_sample_of(self.modules[self._heads[0]], td))
+            last = self.modules[self._heads[-1]]
+            return dist.log_prob(
+                td, aggregate=last.composite_lp_aggregate if aggregate is None else aggregate
+            )
+        return dist.log_prob(_sample_of(self.modules[self._heads[-1]], td))
+
+
+def _has_samples(head: Probabilistic, data: dict) -> bool:
+    for k in head.sample_keys:
+        v = data.get(k, _NOPE) if type(k) is str else _get_path(data, k)
+        if v is _NOPE:
+            return False
+    return True
 
 
 def _sample_of(head: Probabilistic, td: TensorDict) -> Tensor:
