@@ -313,7 +313,7 @@ class Probabilistic(Module):
         With ``num_samples``: the one-sample call vmapped over
         ``fd.random.split(key, n)`` (every output gets the leading sample dims)."""
         it = _resolve(interaction, self)
-        if self.num_samples is None:
+        if self.num_samples is None or td is None:  # (a keyword call comes back with a td)
             return call_td(self, params, td, key, tensors, self._run_i, it)
         if key is not None:
             _check_key_arg(self._label(), key)
@@ -342,7 +342,11 @@ class Probabilistic(Module):
                 )
             if not isinstance(key, Tensor) or key.shape != (2,) or key.dtype != torch.int32:
                 _check_key_arg(self._label(), key)
-        if self._normal is not None and _fast_normal(self, data, bs, key if rnd else None):
+        if (
+            self._normal is not None
+            and it is not InteractionType.MEDIAN  # (torch's Normal has no median)
+            and _fast_normal(self, data, bs, key if rnd else None)
+        ):
             return
         dist = self._dist(data)
         try:
@@ -506,7 +510,7 @@ class ProbabilisticSequential(Sequential):
         """``policy(params, td, key=None, interaction=None)`` -> new td (with a head's
         ``num_samples``: vmapped over ``fd.random.split(key, n)``)."""
         it = _resolve(interaction, self)
-        if self._ns is None:
+        if self._ns is None or td is None:
             return call_td(self, params, td, key, tensors, self._run_i, it)
         if key is not None:
             _check_key_arg(self._label(), key)
