@@ -473,31 +473,37 @@ def test_median_and_from_str_match_tensordict():
         tdnn.ProbabilisticTensorDictModule(**args)(ref_td)
 
 
-def test_set_interaction_type_as_decorator_matches_tensordict():
-    head = _head()
-    ref_head = tdnn.ProbabilisticTensorDictModule(
-        in_keys=["loc", "scale"], out_keys=["a"], distribution_class=MedianNormal
-    )
+class ShiftedMedianNormal(D.Normal):
+    """A median that differs from the mean, so the interaction type shows in the value."""
 
-    @fd.set_interaction_type("random")
+    @property
+    def median(self):
+        return self.loc + self.scale
+
+
+def test_set_interaction_type_as_decorator_matches_tensordict():
+    args = dict(in_keys=["loc", "scale"], out_keys=["a"], distribution_class=ShiftedMedianNormal)
+    head, ref_head = fd.Probabilistic(**args), tdnn.ProbabilisticTensorDictModule(**args)
+
+    @fd.set_interaction_type("median")
     def act(td):
         """Doc."""
-        assert fd.set_interaction_type is not None
-        return head(None, td, key=KEY)
+        return head(None, td)
 
-    @tdnn.set_interaction_type("random")
+    @tdnn.set_interaction_type("median")
     def ref_act(td):
-        return tdnn.interaction_type()
+        return ref_head(td)
 
     td = _normal_td()
-    assert torch.equal(act(td)["a"], head(None, td, key=KEY, interaction=RANDOM)["a"])
-    assert not torch.equal(act(td)["a"], td["loc"])
-    assert ref_act(None) is tdnn.InteractionType.RANDOM and ref_head is not None
+    ref_td = tensordict.TensorDict(_leaves(td), [3])
+    out = act(td)
+    _same(out, ref_act(ref_td))
+    assert torch.equal(out["a"], td["loc"] + td["scale"])
     assert act.__name__ == "act" and act.__doc__ == "Doc."
     assert head(None, td)["a"] is td["loc"]  # restored after the call
     with fd.set_interaction_type("mode"):
-        assert act(td)["a"] is not td["loc"]  # the decorator wins inside its call
-        assert fd.InteractionType.MODE is fd._distributions.interaction_type()
+        assert torch.equal(act(td)["a"], out["a"])  # the decorator's type inside its call
+        assert torch.equal(head(None, td)["a"], td["loc"])  # and the block's after it
     with pytest.raises(TypeError, match="decorates a function"):
         fd.set_interaction_type("random")(3)
 
@@ -517,3 +523,13 @@ def test_missing_nested_parameter_raises_functds_key_error(fast):
         head(None, fd.TensorDict({"p": torch.zeros(2)}, [2]))
     with pytest.raises(KeyError, match=r"reads \('p', 'scale'\)"):
         head.get_dist(None, td)
+
+
+@pytest.mark.compile
+def test_num_samples_compiles_to_the_eager_numbers():
+    torch._dynamo.reset()
+    head, td = _head(num_samples=4), _normal_td()
+    f = torch.compile(
+        lambda t, k: head(None, t, key=k, interaction=RANDOM), fullgraph=True, backend="aot_eager"
+    )
+    assert_close(f(td, KEY), head(None, td, key=KEY, interaction=RANDOM), rtol=0, atol=0)
