@@ -7,6 +7,9 @@ log-probability under ``<out_key>_log_prob``. ``ProbabilisticSequential`` is a
 ``Sequential`` ending in (or holding several) probabilistic heads, with
 ``get_dist`` and ``log_prob``. Both are pure: randomness comes from the call's
 ``key`` (a head at position ``i`` of a sequence gets ``fold_in(key, i)``).
+A head over ``fd.CompositeDistribution`` writes one value per component; a
+head's ``num_samples`` makes the call the one-sample call vmapped over split
+keys (see ``functd/_composite.py``).
 
 Example:
     >>> policy = fd.ProbabilisticSequential(

@@ -3,6 +3,8 @@ set_interaction_type, against tensordict 0.15 on the same weights and inputs."""
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import distributions as D
 from torch import nn
 
@@ -533,3 +535,39 @@ def test_num_samples_compiles_to_the_eager_numbers():
         lambda t, k: head(None, t, key=k, interaction=RANDOM), fullgraph=True, backend="aot_eager"
     )
     assert_close(f(td, KEY), head(None, td, key=KEY, interaction=RANDOM), rtol=0, atol=0)
+
+
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(1, 5))
+def test_law_num_samples_row_i_is_the_one_sample_call_under_split_key_i(seed, n):
+    td, one, many = _normal_td(), _head(), _head(num_samples=n)
+    key = fd.random.key(seed)
+    out = many(None, td, key=key, interaction=RANDOM)
+    for i, k in enumerate(fd.random.split(key, n)):
+        row = one(None, td, key=k, interaction=RANDOM)
+        torch.testing.assert_close(out["a"][i], row["a"], rtol=0, atol=0)
+        torch.testing.assert_close(out["a_log_prob"][i], row["a_log_prob"], rtol=1e-6, atol=1e-6)
+
+
+@given(seed=st.integers(0, 2**31 - 1))
+def test_law_aggregated_log_prob_is_the_sum_of_the_per_key_entries(seed):
+    g = torch.Generator().manual_seed(seed)
+    params = fd.TensorDict(
+        {
+            "cont": {
+                "loc": torch.randn(3, 4, generator=g),
+                "scale": torch.rand(3, 4, generator=g) + 0.1,
+            },
+            "nested": {"disc": {"logits": torch.randn(3, 10, generator=g)}},
+        },
+        [3],
+    )
+    dist = fd.CompositeDistribution(params, DMAP)
+    x = dist.sample(fd.random.key(seed))
+    per_key = dist.log_prob(x)
+    total = dist.log_prob(x, aggregate=True)
+    torch.testing.assert_close(
+        total, per_key["cont_log_prob"].sum(-1) + per_key["nested", "disc_log_prob"]
+    )
+    torch.testing.assert_close(
+        dist.log_prob_composite(x, include_sum=True)["sample_log_prob"], total
+    )
