@@ -571,3 +571,39 @@ def test_law_aggregated_log_prob_is_the_sum_of_the_per_key_entries(seed):
     torch.testing.assert_close(
         dist.log_prob_composite(x, include_sum=True)["sample_log_prob"], total
     )
+
+
+def test_aggregated_plain_heads_match_tensordict():
+    """tensordict's set_composite_lp_aggregate(True): every head writes "sample_log_prob"
+    (the last head's survives) and the sequence's log_prob is the sum over heads."""
+    lin = nn.Linear(3, 8)
+
+    def mods(P, M, b_in, **kw):
+        return (
+            M(lin, ["x"], ["h"]),
+            M(fd.NormalParamExtractor(), ["h"], ["loc", "scale"]),
+            P(["loc", "scale"], ["a"], distribution_class=D.Normal, return_log_prob=True, **kw),
+            P(b_in, ["b"], distribution_class=D.Normal, return_log_prob=True, **kw),
+        )
+
+    ref_td, td = _inputs()
+    with tdnn.set_composite_lp_aggregate(True):
+        ref = tdnn.ProbabilisticTensorDictSequential(
+            *mods(
+                tdnn.ProbabilisticTensorDictModule,
+                tdnn.TensorDictModule,
+                {"loc": "a", "scale": "scale"},
+            )
+        )
+        ref(ref_td)
+        ref_lp = ref.log_prob(ref_td.clone())
+    ours = fd.ProbabilisticSequential(
+        *mods(
+            fd.Probabilistic, fd.Module, {"a": "loc", "scale": "scale"}, composite_lp_aggregate=True
+        )
+    )
+    params = fd.from_module(ours)
+    out = ours(params, td)
+    _same(out, ref_td, exact=False)
+    assert "sample_log_prob" in out and "a_log_prob" not in out
+    torch.testing.assert_close(ours.log_prob(params, out), ref_lp)
