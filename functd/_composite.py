@@ -19,7 +19,7 @@ component ``i`` (in ``distribution_map`` order) draws under ``fold_in(key, i)``.
 
 Example:
     >>> params = fd.TensorDict({"cont": {"loc": torch.zeros(3, 4), "scale": torch.ones(3, 4)},
-    ...                         ("nested", "disc"): {"logits": torch.zeros(3, 10)}}, [3])
+    ...                         "nested": {"disc": {"logits": torch.zeros(3, 10)}}}, [3])
     >>> dist = fd.CompositeDistribution(
     ...     params, {"cont": D.Normal, ("nested", "disc"): D.Categorical})
     >>> x = dist.sample(fd.random.key(0))

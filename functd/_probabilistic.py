@@ -582,7 +582,7 @@ class ProbabilisticSequential(Sequential):
         dists: dict = {}
         self._run_i(params, data, bs, key, it, stop=self._heads[-1] + 1, dists=dists)
         if not self.return_composite:
-            return dists[self._heads[-1]][1]
+            return list(dists.values())[-1][1]  # (the last head's)
         merged, lp_keys = {}, {}
         for m, d, _ in dists.values():
             if isinstance(d, CompositeDistribution):
