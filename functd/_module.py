@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import inspect
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -37,8 +38,28 @@ def _empty_params() -> TensorDict:
     return _EMPTY
 
 
+def _unravel(key: Any) -> Any:
+    """Flatten nested tuples as tensordict's ``unravel_key`` does:
+    ``("c", ("d",))`` is ``("c", "d")``; anything else is returned as is."""
+    if type(key) is not tuple or all(type(k) is str for k in key):
+        return key
+    out: list = []
+    for part in key:
+        part = _unravel(part)
+        if type(part) is tuple:
+            out.extend(part)
+        else:
+            out.append(part)
+    return tuple(out)
+
+
 def as_keys(keys: Any, what: str) -> tuple[Key, ...]:
-    """Normalise ``in_keys``/``out_keys``: a str, or a sequence of str/tuple keys."""
+    """Normalise ``in_keys``/``out_keys``: a str, or a sequence of str/tuple keys.
+
+    Nested tuples are flattened as tensordict does (``("c", ("d",))`` is
+    ``("c", "d")``). A tuple of str is one nested key; a tuple holding tuples is
+    a sequence of keys (``m.in_keys`` round-trips); pass a list to be explicit.
+    """
     if isinstance(keys, str | tuple) and (
         isinstance(keys, str) or all(isinstance(k, str) for k in keys)
     ):
@@ -47,7 +68,7 @@ def as_keys(keys: Any, what: str) -> tuple[Key, ...]:
         raise TypeError(f"{what} must be a list of keys (str or tuple of str), got {keys!r}")
     out = []
     for k in keys:
-        path = _check_key(k)
+        path = _check_key(_unravel(k))
         out.append(path[0] if len(path) == 1 else path)
     return tuple(out)
 
@@ -105,18 +126,25 @@ class Module:
     Args:
         fn: a functd layer, a ``torch.nn.Module`` or a callable without params.
         in_keys: keys read, passed positionally in order; or a dict mapping td
-            keys to keyword-argument names.
-        out_keys: keys written, one per output (a tuple output or a mapping
-            read by key).
+            keys to keyword-argument names (see ``out_to_in_map``). Nested
+            tuples are flattened as in tensordict (``("c", ("d",))``).
+        out_keys: keys written, one per output (a tuple output; or a mapping
+            or a TensorDict that holds every out_key, read by key).
+        out_to_in_map: the direction of a dict ``in_keys``. ``None`` (functd's
+            default) and ``False`` read ``{td_key: argument}``; ``True`` reads
+            ``{argument: td_key}``, tensordict's default (one td key may then
+            feed several arguments).
 
     Raises:
         TypeError: keys are malformed, or a Python function's arity differs
             from ``in_keys``.
-        ValueError: ``out_keys`` has duplicates.
+        ValueError: ``out_keys`` has duplicates; ``out_to_in_map`` without a
+            dict ``in_keys``.
 
     Example:
         >>> add = fd.Module(lambda x, y: x + y, in_keys=["x", "a"], out_keys=["y"])
         >>> add(None, td)  # no params
+        >>> add(None, x, a)  # tensors in in_keys order -> the output tensor
     """
 
     __slots__ = (
@@ -124,6 +152,7 @@ class Module:
         "_has_params",
         "_kind",
         "_kwargs",
+        "_out_all",
         "_plain",
         "_random",
         "_run",
@@ -138,11 +167,28 @@ class Module:
         fn: Callable[..., Any],
         in_keys: Sequence[Key] | Mapping[Key, str] | Key,
         out_keys: Sequence[Key] | Key,
+        *,
+        out_to_in_map: bool | None = None,
     ) -> None:
         kwargs = None
         if isinstance(in_keys, Mapping):
-            kwargs = tuple(in_keys.values())
-            in_keys = list(in_keys.keys())
+            if out_to_in_map:  # tensordict's default: {argument: td_key}
+                kwargs = tuple(in_keys.keys())
+                in_keys = list(in_keys.values())
+            else:
+                kwargs = tuple(in_keys.values())
+                in_keys = list(in_keys.keys())
+            bad = [a for a in kwargs if not isinstance(a, str)]
+            if bad:
+                raise TypeError(
+                    f"Module: a dict in_keys maps td keys to argument names (str); got "
+                    f"argument name(s) {bad!r}. With {{argument: td_key}} pass out_to_in_map=True."
+                )
+        elif out_to_in_map is not None:
+            raise ValueError(
+                "Module: out_to_in_map only applies to a dict in_keys ({td_key: argument} or, "
+                f"with out_to_in_map=True, {{argument: td_key}}); in_keys is {in_keys!r}."
+            )
         ins = as_keys(in_keys, "in_keys")
         outs = as_keys(out_keys, "out_keys")
         if len(set(outs)) != len(outs):
@@ -168,6 +214,7 @@ class Module:
         set_(self, "_source", source)
         set_(self, "in_keys", ins)
         set_(self, "out_keys", outs)
+        set_(self, "_out_all", outs)  # every output fn returns (select_out_keys keeps some)
         set_(self, "_kwargs", kwargs)
         set_(self, "_has_params", layer and fn.has_params)
         set_(self, "_random", layer and fn.random)
@@ -203,8 +250,49 @@ class Module:
         mode): call it with ``apply_with_state``; a plain call raises."""
         return self._stateful
 
+    @property
+    def out_keys_source(self) -> tuple[Key, ...]:
+        """Every output the function returns, before ``select_out_keys``
+        (tensordict's name)."""
+        return self._out_all
+
+    def select_out_keys(self, *keys: Key) -> Module:
+        """A new Module that writes only ``keys`` of its outputs; ``self`` is unchanged.
+
+        The function still computes every output; the others are not written (the
+        input entries stay). A keyword or positional call returns the selected
+        tensors only. ``m.out_keys`` is the selection, ``m.out_keys_source`` all.
+
+        Raises:
+            KeyError: a key is not one of ``out_keys``.
+
+        Example:
+            >>> m = fd.Module(lambda x, y: (x, y, x), ["a", "b"], ["c", "d", "e"])
+            >>> m.select_out_keys("d").out_keys
+            ('d',)
+        """
+        sel = as_keys(list(keys), "select_out_keys")
+        bad = [k for k in sel if k not in self.out_keys]
+        if bad or not sel:
+            hint = ""
+            if len(keys) == 1 and isinstance(keys[0], list):
+                hint = " Pass the keys unpacked: m.select_out_keys('a', 'b')."
+            raise KeyError(
+                f"{self._label()}.select_out_keys: it writes no {E.fmt_keys(bad) or '(no key given)'}; "
+                f"its out_keys are {E.fmt_keys(self.out_keys)}.{hint}"
+            )
+        new = object.__new__(Module)
+        for name in Module.__slots__:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "out_keys", tuple(k for k in self._out_all if k in sel))
+        # a selection always takes the general path: _step writes through _write_outputs
+        object.__setattr__(
+            new, "_run", new._step if new.out_keys != new._out_all else _make_run(new)
+        )
+        return new
+
     def _identity(self) -> tuple:
-        return (self._fn, self.in_keys, self.out_keys, self._kwargs)
+        return (self._fn, self.in_keys, self.out_keys, self._kwargs, self._out_all)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Module and self._identity() == other._identity()
@@ -251,13 +339,19 @@ class Module:
     def __call__(
         self,
         params: TensorDict | None = None,
-        td: TensorDict | None = None,
+        td: TensorDict | torch.Tensor | None = None,
         /,
-        *,
+        *args: torch.Tensor,
         key: Any = None,
         **tensors: torch.Tensor,
     ):
-        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``."""
+        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``.
+
+        ``m(params, x, h)``: tensors in ``in_keys`` order (tensordict's positional
+        dispatch, after the params), the rest by keyword; returns the out tensors.
+        """
+        if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
+            return positional_call(self, params, (td, *args), key, tensors)
         return call_td(self, params, td, key, tensors, self._run)
 
     def apply_with_state(
@@ -323,18 +417,55 @@ def call_td(m: Any, params: Any, td: Any, key: Any, tensors: dict, run: Any, *ex
     return _new(data, td._batch_size)
 
 
+def positional_call(m: Any, params: Any, args: tuple, key: Any, tensors: dict, *extra: Any):
+    """``m(params, x, h)``: tensors in ``m.in_keys`` order after the params (tensordict's
+    positional dispatch), the remaining in_keys by keyword; returns the out tensors."""
+    ins = m.in_keys
+    if isinstance(args[0], TensorDict):
+        raise TypeError(
+            f"{m._label()}: m(params, td) takes no further positional arguments; got "
+            f"{len(args) - 1} more. Call m(params, td) or m(params, *tensors)."
+        )
+    if len(args) > len(ins):
+        raise TypeError(
+            f"{m._label()}: got {len(args)} positional tensors but in_keys has {len(ins)} "
+            f"({E.fmt_keys(ins)}); pass one tensor per in_key, in this order."
+        )
+    named = {}
+    for k, v in zip(ins, args):
+        name = _kwarg_name(k)
+        if not isinstance(v, _Tensor):
+            raise TypeError(
+                f"{m._label()}: positional input {E.fmt_key(k)} is a {type(v).__name__}, not a "
+                "tensor. Call m(params, td) with a TensorDict, or m(params, *tensors)."
+            )
+        if name in tensors:
+            raise TypeError(
+                f"{m._label()}: {E.fmt_key(k)} is given both positionally and as {name}=."
+            )
+        named[name] = v
+    named.update(tensors)
+    return _keyword_call(m, params, key, named, *extra)
+
+
 def _write_outputs(self: Module, data: dict, bs: torch.Size, out: Any) -> None:
-    outs = self.out_keys
+    outs = getattr(self, "_out_all", self.out_keys)
+    sel = self.out_keys
     if len(outs) == 1 and isinstance(out, torch.Tensor):
         _write(self, data, bs, outs[0], out)
         return
-    if isinstance(out, Mapping):
+    if isinstance(out, Mapping) or (
+        type(out) is TensorDict and (len(outs) > 1 or all(k in out for k in outs))
+    ):
+        # read by key (a dict, or a TensorDict that holds the out_keys, as tensordict
+        # does); a TensorDict without the one out_key is a value written under it
         for k in outs:
             if k not in out:
                 raise KeyError(
-                    f"{self._label()}: the function returned a mapping without {E.fmt_key(k)}; it has {E.fmt_keys(out)}."
+                    f"{self._label()}: the function returned a mapping without {E.fmt_key(k)}; it has {E.fmt_keys(out.keys())}."
                 )
-            _write(self, data, bs, k, out[k])
+            if k in sel:
+                _write(self, data, bs, k, out[k])
         return
     if not isinstance(out, tuple | list):
         out = (out,)
@@ -344,7 +475,8 @@ def _write_outputs(self: Module, data: dict, bs: torch.Size, out: Any) -> None:
             f"{len(outs)} ({E.fmt_keys(outs)}); give one out_key per output."
         )
     for k, v in zip(outs, out):
-        _write(self, data, bs, k, v)
+        if sel is outs or k in sel:
+            _write(self, data, bs, k, v)
 
 
 _NOPE = object()
@@ -466,8 +598,23 @@ def _write(m: Module, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
         data[key] = value
     else:
         head = data.get(key[0], _NOPE)
-        child = head if type(head) is TensorDict else _new({}, bs)
-        data[key[0]] = _set_path(child, key[1:], value, 1, check=False)
+        if head is _NOPE:
+            child = _new({}, bs)
+        elif type(head) is TensorDict:
+            child = head
+        else:  # the message td.set gives: never replace the tensor by a sub-td
+            raise KeyError(
+                f"{m._label()}: cannot set {E.fmt_key(key)}: {E.fmt_key(key[0])} holds a "
+                f"{type(head).__name__}, not a nested TensorDict. Write the output under "
+                "another key."
+            )
+        try:
+            new = _set_path(child, key[1:], value, 1, check=False, prefix=(key[0],))
+        except KeyError as e:
+            raise KeyError(
+                f"{m._label()}: {e.args[0]} Write the output under another key."
+            ) from None
+        data[key[0]] = new
 
 
 def _missing_input(m: Module, key: Key, data: dict):
@@ -506,28 +653,51 @@ def _bad_params(m: Module, params: Any):
     )
 
 
-_LAYOUTS: dict = {}
+#: Layouts of layers that keep no ``__dict__`` (the others keep theirs on themselves,
+#: under ``_LAYOUT_ATTR``): weak keys, so a dropped layer leaves, and bounded.
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LAYOUTS_MAX = 256
+_LAYOUT_ATTR = "_functd_layout"
 
 
 def _layout(fn) -> tuple[dict, tuple | None]:
     """A layer's expected params, computed once per layer value: ``{path: shape}``,
-    and ``((name, shape), ...)`` when every path is top-level (the fast check) or None."""
-    cached = _LAYOUTS.get(fn)
+    and ``((name, shape), ...)`` when every path is top-level (the fast check) or None.
+
+    Kept on the layer itself (in its ``__dict__``, beside its frozen fields), so
+    it lives exactly as long as the layer; a layer without ``__dict__`` uses a
+    bounded weak-keyed table, or nothing when it cannot be weakly referenced."""
+    own = getattr(fn, "__dict__", None)
+    if own is not None:
+        cached = own.get(_LAYOUT_ATTR)
+        if cached is None:
+            cached = own[_LAYOUT_ATTR] = _compute_layout(fn)
+        return cached
+    try:
+        cached = _LAYOUTS.get(fn)
+    except TypeError:  # not weakly referenceable (or unhashable): no cache
+        return _compute_layout(fn)
     if cached is None:
-        shapes = getattr(fn, "param_shapes", None)
-        if shapes is not None:
-            lay = dict(shapes())
-        else:
-            with torch.device("meta"):
-                p = fn.init(0)
-            lay = {
-                k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)
-            }
-        flat = None
-        if all(len(k) == 1 for k in lay):
-            flat = tuple((k[0], tuple(shape)) for k, shape in lay.items())
-        cached = _LAYOUTS[fn] = (lay, flat)
+        cached = _compute_layout(fn)
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[fn] = cached
     return cached
+
+
+def _compute_layout(fn) -> tuple[dict, tuple | None]:
+    """The layout ``_layout`` caches (computed without drawing: meta tensors)."""
+    shapes = getattr(fn, "param_shapes", None)
+    if shapes is not None:
+        lay = dict(shapes())
+    else:
+        with torch.device("meta"):
+            p = fn.init(0)
+        lay = {k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)}
+    flat = None
+    if all(len(k) == 1 for k in lay):
+        flat = tuple((k[0], tuple(shape)) for k, shape in lay.items())
+    return (lay, flat)
 
 
 def _check_params(m: Module, params: TensorDict) -> None:
@@ -575,7 +745,13 @@ def _keyword_call(m, params, key, tensors: dict, interaction=None):
                 f"{m._label()} takes (params, td); got one TensorDict. Call m(params, td); a "
                 "module without parameters takes m(None, td)."
             )
-        raise TypeError(f"{m._label()} takes (params, td) or (params, **tensors); got no data.")
+        hint = ""
+        if isinstance(params, _Tensor):
+            hint = " The params come first: m(None, x) for a module without parameters."
+        raise TypeError(
+            f"{m._label()} takes (params, td), (params, *tensors) or (params, **tensors); "
+            f"got no data.{hint}"
+        )
     names = {_kwarg_name(k): k for k in m.in_keys}
     unknown = [n for n in tensors if n not in names]
     missing = [n for n in names if n not in tensors]
