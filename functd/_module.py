@@ -271,15 +271,17 @@ class Module:
             >>> m.select_out_keys("d").out_keys
             ('d',)
         """
+        if len(keys) == 1 and isinstance(keys[0], list):
+            raise KeyError(
+                f"{self._label()}.select_out_keys takes keys, not a list: pass them "
+                f"unpacked, m.select_out_keys(*{keys[0]!r})."
+            )
         sel = as_keys(list(keys), "select_out_keys")
         bad = [k for k in sel if k not in self.out_keys]
         if bad or not sel:
-            hint = ""
-            if len(keys) == 1 and isinstance(keys[0], list):
-                hint = " Pass the keys unpacked: m.select_out_keys('a', 'b')."
             raise KeyError(
                 f"{self._label()}.select_out_keys: it writes no {E.fmt_keys(bad) or '(no key given)'}; "
-                f"its out_keys are {E.fmt_keys(self.out_keys)}.{hint}"
+                f"its out_keys are {E.fmt_keys(self.out_keys)}."
             )
         new = object.__new__(Module)
         for name in Module.__slots__:
