@@ -29,7 +29,7 @@ def test_readme_code_blocks_run_in_order(tmp_path, monkeypatch, capsys):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for i, block in enumerate(_blocks()):
-            exec(compile(block, f"README.md python block {i}", "exec"), ns)  # noqa: S102
+            exec(compile(block, f"README.md python block {i}", "exec"), ns)
     assert os.listdir(tmp_path) == [], "a README block wrote into the current folder"
     # the only warning is the documented fallback of fd.cuda_graph without CUDA
     kinds = [w.category for w in caught]
