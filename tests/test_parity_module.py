@@ -249,3 +249,9 @@ def test_select_subsequence_keeps_names_params_and_leaves_self_unchanged():
     assert _shape(sub) == _shape(ref.select_subsequence(out_keys=["e"]))
     with pytest.raises(ValueError, match="no module is left"):
         seq.select_subsequence(in_keys=["zz"])
+
+
+def test_select_out_keys_of_a_probabilistic_head_points_to_the_sequential():
+    head = fd.Probabilistic(["loc", "scale"], ["a"], torch.distributions.Normal)
+    with pytest.raises(TypeError, match=r"ProbabilisticSequential\(\.\.\.\)\.select_out_keys"):
+        head.select_out_keys("a")
