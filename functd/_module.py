@@ -17,16 +17,19 @@ Example:
 from __future__ import annotations
 
 import inspect
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
 from . import _errors as E
-from ._td import Key, TensorDict, _check_key, _new, _set_checked, _set_path
+from ._keys import as_keys
+from ._outputs import _write as _write  # re-exported: _probabilistic writes through it
+from ._outputs import _write_outputs, positional_call
+from ._params_check import _check_params
+from ._td import Key, TensorDict, _new
 
-__all__ = ["Module", "as_keys"]
+__all__ = ["Module", "as_keys", "positional_call"]
 
 _EMPTY = None
 
@@ -36,41 +39,6 @@ def _empty_params() -> TensorDict:
     if _EMPTY is None:
         _EMPTY = _new({}, torch.Size([]))
     return _EMPTY
-
-
-def _unravel(key: Any) -> Any:
-    """Flatten nested tuples as tensordict's ``unravel_key`` does:
-    ``("c", ("d",))`` is ``("c", "d")``; anything else is returned as is."""
-    if type(key) is not tuple or all(type(k) is str for k in key):
-        return key
-    out: list = []
-    for part in key:
-        part = _unravel(part)
-        if type(part) is tuple:
-            out.extend(part)
-        else:
-            out.append(part)
-    return tuple(out)
-
-
-def as_keys(keys: Any, what: str) -> tuple[Key, ...]:
-    """Normalise ``in_keys``/``out_keys``: a str, or a sequence of str/tuple keys.
-
-    Nested tuples are flattened as tensordict does (``("c", ("d",))`` is
-    ``("c", "d")``). A tuple of str is one nested key; a tuple holding tuples is
-    a sequence of keys (``m.in_keys`` round-trips); pass a list to be explicit.
-    """
-    if isinstance(keys, str | tuple) and (
-        isinstance(keys, str) or all(isinstance(k, str) for k in keys)
-    ):
-        keys = [keys]
-    if not isinstance(keys, Sequence):
-        raise TypeError(f"{what} must be a list of keys (str or tuple of str), got {keys!r}")
-    out = []
-    for k in keys:
-        path = _check_key(_unravel(k))
-        out.append(path[0] if len(path) == 1 else path)
-    return tuple(out)
 
 
 def _kwarg_name(key: Key) -> str:
@@ -424,68 +392,6 @@ def call_td(m: Any, params: Any, td: Any, key: Any, tensors: dict, run: Any, *ex
     return _new(data, td._batch_size)
 
 
-def positional_call(m: Any, params: Any, args: tuple, key: Any, tensors: dict, *extra: Any):
-    """``m(params, x, h)``: tensors in ``m.in_keys`` order after the params (tensordict's
-    positional dispatch), the remaining in_keys by keyword; returns the out tensors."""
-    ins = m.in_keys
-    if isinstance(args[0], TensorDict):
-        raise TypeError(
-            f"{m._label()}: m(params, td) takes no further positional arguments; got "
-            f"{len(args) - 1} more. Call m(params, td) or m(params, *tensors)."
-        )
-    if len(args) > len(ins):
-        raise TypeError(
-            f"{m._label()}: got {len(args)} positional tensors but in_keys has {len(ins)} "
-            f"({E.fmt_keys(ins)}); pass one tensor per in_key, in this order."
-        )
-    named = {}
-    for k, v in zip(ins, args):
-        name = _kwarg_name(k)
-        if not isinstance(v, _Tensor):
-            raise TypeError(
-                f"{m._label()}: positional input {E.fmt_key(k)} is a {type(v).__name__}, not a "
-                "tensor. Call m(params, td) with a TensorDict, or m(params, *tensors)."
-            )
-        if name in tensors:
-            raise TypeError(
-                f"{m._label()}: {E.fmt_key(k)} is given both positionally and as {name}=."
-            )
-        named[name] = v
-    named.update(tensors)
-    return _keyword_call(m, params, key, named, *extra)
-
-
-def _write_outputs(self: Module, data: dict, bs: torch.Size, out: Any) -> None:
-    outs = getattr(self, "_out_all", self.out_keys)
-    sel = self.out_keys
-    if len(outs) == 1 and isinstance(out, torch.Tensor):
-        _write(self, data, bs, outs[0], out)
-        return
-    if isinstance(out, Mapping) or (
-        type(out) is TensorDict and (len(outs) > 1 or all(k in out for k in outs))
-    ):
-        # read by key (a dict, or a TensorDict that holds the out_keys, as tensordict
-        # does); a TensorDict without the one out_key is a value written under it
-        for k in outs:
-            if k not in out:
-                raise KeyError(
-                    f"{self._label()}: the function returned a mapping without {E.fmt_key(k)}; it has {E.fmt_keys(out.keys())}."
-                )
-            if k in sel:
-                _write(self, data, bs, k, out[k])
-        return
-    if not isinstance(out, tuple | list):
-        out = (out,)
-    if len(out) != len(outs):
-        raise ValueError(
-            f"{self._label()}: the function returned {len(out)} output(s) but out_keys has "
-            f"{len(outs)} ({E.fmt_keys(outs)}); give one out_key per output."
-        )
-    for k, v in zip(outs, out):
-        if sel is outs or k in sel:
-            _write(self, data, bs, k, v)
-
-
 _NOPE = object()
 _Tensor = torch.Tensor
 #: Slot of the working dict where a stateful module leaves its new state: present
@@ -587,43 +493,6 @@ def _get_path(data: dict, key: tuple) -> Any:
     return v
 
 
-def _write(m: Module, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
-    if not isinstance(value, torch.Tensor):
-        if isinstance(value, TensorDict) and value._batch_size[: len(bs)] == bs:
-            pass
-        else:
-            raise TypeError(
-                f"{m._label()}: output {E.fmt_key(key)} is a {type(value).__name__}, not a tensor. "
-                "Return tensors (or a tuple of them, one per out_key)."
-            )
-    elif value.shape[: len(bs)] != bs:
-        raise ValueError(
-            f"{m._label()}: output {E.fmt_key(key)} has shape {list(value.shape)}, which does not "
-            f"start with the batch size {list(bs)} of the tensordict. Keep the batch dims in front."
-        )
-    if type(key) is str:
-        data[key] = value
-    else:
-        head = data.get(key[0], _NOPE)
-        if head is _NOPE:
-            child = _new({}, bs)
-        elif type(head) is TensorDict:
-            child = head
-        else:  # the message td.set gives: never replace the tensor by a sub-td
-            raise KeyError(
-                f"{m._label()}: cannot set {E.fmt_key(key)}: {E.fmt_key(key[0])} holds a "
-                f"{type(head).__name__}, not a nested TensorDict. Write the output under "
-                "another key."
-            )
-        try:
-            new = _set_path(child, key[1:], value, 1, check=False, prefix=(key[0],))
-        except KeyError as e:
-            raise KeyError(
-                f"{m._label()}: {e.args[0]} Write the output under another key."
-            ) from None
-        data[key[0]] = new
-
-
 def _missing_input(m: Module, key: Key, data: dict):
     has = E.fmt_keys(_TensorDictKeys(data))
     raise KeyError(
@@ -658,90 +527,6 @@ def _bad_params(m: Module, params: Any):
         f"{m._label()} has parameters but was given {what} as params. Call "
         "m(params, td) with params = m.init(fd.random.key(0)) or fd.from_module(m)."
     )
-
-
-#: Layouts of layers that keep no ``__dict__`` (the others keep theirs on themselves,
-#: under ``_LAYOUT_ATTR``): weak keys, so a dropped layer leaves, and bounded.
-_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_LAYOUTS_MAX = 256
-_LAYOUT_ATTR = "_functd_layout"
-
-
-def _layout(fn) -> tuple[dict, tuple | None]:
-    """A layer's expected params, computed once per layer value: ``{path: shape}``,
-    and ``((name, shape), ...)`` when every path is top-level (the fast check) or None.
-
-    Kept on the layer itself (in its ``__dict__``, beside its frozen fields), so
-    it lives exactly as long as the layer; a layer without ``__dict__`` uses a
-    bounded weak-keyed table, or nothing when it cannot be weakly referenced."""
-    own = getattr(fn, "__dict__", None)
-    if own is not None:
-        cached = own.get(_LAYOUT_ATTR)
-        if cached is None:
-            cached = own[_LAYOUT_ATTR] = _compute_layout(fn)
-        return cached
-    try:
-        cached = _LAYOUTS.get(fn)
-    except TypeError:  # not weakly referenceable (or unhashable): no cache
-        return _compute_layout(fn)
-    if cached is None:
-        cached = _compute_layout(fn)
-        if len(_LAYOUTS) >= _LAYOUTS_MAX:
-            _LAYOUTS.clear()
-        _LAYOUTS[fn] = cached
-    return cached
-
-
-def _compute_layout(fn) -> tuple[dict, tuple | None]:
-    """The layout ``_layout`` caches (computed without drawing: meta tensors)."""
-    shapes = getattr(fn, "param_shapes", None)
-    if shapes is not None:
-        lay = dict(shapes())
-    else:
-        with torch.device("meta"):
-            p = fn.init(0)
-        lay = {k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)}
-    flat = None
-    if all(len(k) == 1 for k in lay):
-        flat = tuple((k[0], tuple(shape)) for k, shape in lay.items())
-    return (lay, flat)
-
-
-def _check_params(m: Module, params: TensorDict) -> None:
-    # Under torch.compile the check is traced (it costs nothing at run time: the
-    # shapes are guarded anyway) but neither the layout cache nor the params'
-    # ``_checked`` slot is written: a side effect on an input or on a global
-    # would make the next call fail a guard and recompile (notes/gotchas.md).
-    compiling = torch.compiler.is_compiling()
-    if not compiling:  # fast path: a flat layout whose entries all match
-        flat = _layout(m._fn)[1]
-        if flat is not None and len(params._data) == len(flat):
-            data = params._data
-            for k, shape in flat:
-                v = data.get(k)
-                if type(v) is TensorDict or v is None or v.shape != shape:
-                    break
-            else:
-                _set_checked(params, m._fn)
-                return
-    expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
-    got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
-    missing = [k for k in expected if k not in got]
-    extra = [k for k in got if k not in expected]
-    if missing or extra:
-        raise KeyError(
-            f"{m._label()}: params do not match the layout of {m._fn!r}: missing "
-            f"{E.fmt_keys(missing)}; unexpected {E.fmt_keys(extra)}. Were these params made "
-            "for another module? Use m.init(key) or fd.from_module(m)."
-        )
-    for k, shape in expected.items():
-        if tuple(got[k].shape) != tuple(shape):
-            raise ValueError(
-                f"{m._label()}: params entry {E.fmt_key(k)} has shape {list(got[k].shape)}, "
-                f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
-            )
-    if not compiling:
-        _set_checked(params, m._fn)
 
 
 def _keyword_call(m, params, key, tensors: dict, interaction=None):
