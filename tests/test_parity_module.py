@@ -5,9 +5,12 @@ same weights and inputs (immutability differences aside: functd returns new valu
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 from torch import nn
 
 import functd as fd
+from functd._keys import as_keys
 
 tensordict = pytest.importorskip("tensordict")
 tdnn = pytest.importorskip("tensordict.nn")
@@ -95,6 +98,19 @@ def test_nested_key_tuples_are_flattened_as_tensordict(key, flat):
     x = torch.randn(2)
     ref_out = ref(tensordict.TensorDict({flat: x}, []))
     _same(ours(None, fd.TensorDict({}, []).set(flat, x)), ref_out)
+
+
+_names = st.text("abc", min_size=1, max_size=2)
+_nested = st.recursive(
+    _names, lambda inner: st.lists(inner, min_size=1, max_size=3).map(tuple), max_leaves=6
+)
+
+
+@given(_nested)
+def test_key_flattening_equals_tensordicts_unravel_key(key):
+    from tensordict.utils import unravel_key
+
+    assert as_keys([key], "in_keys") == (unravel_key(key),)
 
 
 # ---------------------------------------------------------------- TensorDict outputs
