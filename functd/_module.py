@@ -27,6 +27,7 @@ from ._keys import as_keys
 from ._outputs import _write as _write  # re-exported: _probabilistic writes through it
 from ._outputs import _write_outputs, positional_call
 from ._params_check import _check_params
+from ._params_check import _layout as _layout  # re-exported for the call path
 from ._td import Key, TensorDict, _new
 
 __all__ = ["Module", "as_keys", "positional_call"]
