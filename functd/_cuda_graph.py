@@ -39,7 +39,8 @@ __all__ = ["CudaGraphWarning", "cuda_graph", "signature"]
 
 
 class CudaGraphWarning(UserWarning):
-    """``fd.cuda_graph`` ran a function eagerly (no CUDA, or inputs on the CPU)."""
+    """``fd.cuda_graph`` ran a function eagerly (no CUDA, or inputs on the CPU), or
+    records it again because the structure of an input (a TensorDict's keys) changed."""
 
 
 class CacheInfo(NamedTuple):
@@ -266,6 +267,8 @@ class _Graphed:
         self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
         self._memo: dict = {}  # argument position -> (TensorDict, its description)
         self._warned = False
+        self._specs: tuple | None = None  # the tree structures of the last new signature
+        self._warned_structure = False
         self._counts = [0, 0, 0]  # recordings, replays, eager
 
     def __repr__(self) -> str:
@@ -328,6 +331,7 @@ class _Graphed:
             )
             return self._eager(why, args, kwargs)
         if entry is None:
+            self._check_structure(flat, args, kwargs)
             entry = self._cache[sig] = _Entry()
             while len(self._cache) > self._maxsize:
                 self._cache.popitem(last=False)  # least recently used
@@ -344,6 +348,28 @@ class _Graphed:
             raise
         self._counts[0] += 1
         return self._outputs(entry, tensors)
+
+    def _check_structure(self, flat: _Flat, args: tuple, kwargs: dict) -> None:
+        """Warn once per wrapper when a new signature comes from a new tree structure
+        (keys added or removed), naming the argument and the keys that changed."""
+        specs = tuple(d[2] for d in flat.descs)
+        old, self._specs = self._specs, specs
+        if old is None or old == specs or self._warned_structure or len(old) != len(specs):
+            return
+        names = [f"args[{i}]" for i in range(len(args))] + [f"{k}=" for k in kwargs]
+        i = next(i for i, (a, b) in enumerate(zip(old, specs)) if a != b)
+        before, now = set(old[i].paths()), set(specs[i].paths())
+        fmt = lambda ps: ", ".join(repr(p[0] if len(p) == 1 else p) for p in sorted(ps)) or "none"  # noqa: E731
+        self._warned_structure = True
+        warnings.warn(
+            f"{self._name()}: the structure of {names[i]} changed (keys added: "
+            f"{fmt(now - before)}; removed: {fmt(before - now)}), so it is recorded as one "
+            "more graph: each distinct set of TensorDict keys is its own recording (and its "
+            "own torch.compile graph). Keep the key sets fixed, e.g. pass td.select(...) of "
+            "the keys the step reads. Shown once per wrapper.",
+            CudaGraphWarning,
+            stacklevel=3,
+        )
 
     def _bad_inputs(self, grad: bool, args: tuple, kwargs: dict) -> None:
         leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)

@@ -23,9 +23,14 @@ from typing import Any
 import torch
 
 from . import _errors as E
-from ._td import Key, TensorDict, _check_key, _new, _set_checked, _set_path
+from ._keys import as_keys
+from ._outputs import _write as _write  # re-exported: _probabilistic writes through it
+from ._outputs import _write_outputs, positional_call
+from ._params_check import _check_params
+from ._params_check import _layout as _layout  # re-exported for the call path
+from ._td import Key, TensorDict, _new
 
-__all__ = ["Module", "as_keys"]
+__all__ = ["Module", "as_keys", "positional_call"]
 
 _EMPTY = None
 
@@ -35,21 +40,6 @@ def _empty_params() -> TensorDict:
     if _EMPTY is None:
         _EMPTY = _new({}, torch.Size([]))
     return _EMPTY
-
-
-def as_keys(keys: Any, what: str) -> tuple[Key, ...]:
-    """Normalise ``in_keys``/``out_keys``: a str, or a sequence of str/tuple keys."""
-    if isinstance(keys, str | tuple) and (
-        isinstance(keys, str) or all(isinstance(k, str) for k in keys)
-    ):
-        keys = [keys]
-    if not isinstance(keys, Sequence):
-        raise TypeError(f"{what} must be a list of keys (str or tuple of str), got {keys!r}")
-    out = []
-    for k in keys:
-        path = _check_key(k)
-        out.append(path[0] if len(path) == 1 else path)
-    return tuple(out)
 
 
 def _kwarg_name(key: Key) -> str:
@@ -105,18 +95,25 @@ class Module:
     Args:
         fn: a functd layer, a ``torch.nn.Module`` or a callable without params.
         in_keys: keys read, passed positionally in order; or a dict mapping td
-            keys to keyword-argument names.
-        out_keys: keys written, one per output (a tuple output or a mapping
-            read by key).
+            keys to keyword-argument names (see ``out_to_in_map``). Nested
+            tuples are flattened as in tensordict (``("c", ("d",))``).
+        out_keys: keys written, one per output (a tuple output; or a mapping
+            or a TensorDict that holds every out_key, read by key).
+        out_to_in_map: the direction of a dict ``in_keys``. ``None`` (functd's
+            default) and ``False`` read ``{td_key: argument}``; ``True`` reads
+            ``{argument: td_key}``, tensordict's default (one td key may then
+            feed several arguments).
 
     Raises:
         TypeError: keys are malformed, or a Python function's arity differs
             from ``in_keys``.
-        ValueError: ``out_keys`` has duplicates.
+        ValueError: ``out_keys`` has duplicates; ``out_to_in_map`` without a
+            dict ``in_keys``.
 
     Example:
         >>> add = fd.Module(lambda x, y: x + y, in_keys=["x", "a"], out_keys=["y"])
         >>> add(None, td)  # no params
+        >>> add(None, x, a)  # tensors in in_keys order -> the output tensor
     """
 
     __slots__ = (
@@ -124,6 +121,7 @@ class Module:
         "_has_params",
         "_kind",
         "_kwargs",
+        "_out_all",
         "_plain",
         "_random",
         "_run",
@@ -138,11 +136,28 @@ class Module:
         fn: Callable[..., Any],
         in_keys: Sequence[Key] | Mapping[Key, str] | Key,
         out_keys: Sequence[Key] | Key,
+        *,
+        out_to_in_map: bool | None = None,
     ) -> None:
         kwargs = None
         if isinstance(in_keys, Mapping):
-            kwargs = tuple(in_keys.values())
-            in_keys = list(in_keys.keys())
+            if out_to_in_map:  # tensordict's default: {argument: td_key}
+                kwargs = tuple(in_keys.keys())
+                in_keys = list(in_keys.values())
+            else:
+                kwargs = tuple(in_keys.values())
+                in_keys = list(in_keys.keys())
+            bad = [a for a in kwargs if not isinstance(a, str)]
+            if bad:
+                raise TypeError(
+                    f"Module: a dict in_keys maps td keys to argument names (str); got "
+                    f"argument name(s) {bad!r}. With {{argument: td_key}} pass out_to_in_map=True."
+                )
+        elif out_to_in_map is not None:
+            raise ValueError(
+                "Module: out_to_in_map only applies to a dict in_keys ({td_key: argument} or, "
+                f"with out_to_in_map=True, {{argument: td_key}}); in_keys is {in_keys!r}."
+            )
         ins = as_keys(in_keys, "in_keys")
         outs = as_keys(out_keys, "out_keys")
         if len(set(outs)) != len(outs):
@@ -168,6 +183,7 @@ class Module:
         set_(self, "_source", source)
         set_(self, "in_keys", ins)
         set_(self, "out_keys", outs)
+        set_(self, "_out_all", outs)  # every output fn returns (select_out_keys keeps some)
         set_(self, "_kwargs", kwargs)
         set_(self, "_has_params", layer and fn.has_params)
         set_(self, "_random", layer and fn.random)
@@ -203,8 +219,56 @@ class Module:
         mode): call it with ``apply_with_state``; a plain call raises."""
         return self._stateful
 
+    @property
+    def out_keys_source(self) -> tuple[Key, ...]:
+        """Every output the function returns, before ``select_out_keys``
+        (tensordict's name)."""
+        return self._out_all
+
+    def select_out_keys(self, *keys: Key) -> Module:
+        """A new Module that writes only ``keys`` of its outputs; ``self`` is unchanged.
+
+        The function still computes every output; the others are not written (the
+        input entries stay). A keyword or positional call returns the selected
+        tensors only. ``m.out_keys`` is the selection, ``m.out_keys_source`` all.
+
+        Raises:
+            KeyError: a key is not one of ``out_keys``.
+
+        Example:
+            >>> m = fd.Module(lambda x, y: (x, y, x), ["a", "b"], ["c", "d", "e"])
+            >>> m.select_out_keys("d").out_keys
+            ('d',)
+        """
+        if type(self) is not Module:
+            raise TypeError(
+                f"{self._label()}.select_out_keys: select the outputs of the Sequential that "
+                "holds it instead: fd.ProbabilisticSequential(...).select_out_keys(...)."
+            )
+        if len(keys) == 1 and isinstance(keys[0], list):
+            raise KeyError(
+                f"{self._label()}.select_out_keys takes keys, not a list: pass them "
+                f"unpacked, m.select_out_keys(*{keys[0]!r})."
+            )
+        sel = as_keys(list(keys), "select_out_keys")
+        bad = [k for k in sel if k not in self.out_keys]
+        if bad or not sel:
+            raise KeyError(
+                f"{self._label()}.select_out_keys: it writes no {E.fmt_keys(bad) or '(no key given)'}; "
+                f"its out_keys are {E.fmt_keys(self.out_keys)}."
+            )
+        new = object.__new__(Module)
+        for name in Module.__slots__:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "out_keys", tuple(k for k in self._out_all if k in sel))
+        # a selection always takes the general path: _step writes through _write_outputs
+        object.__setattr__(
+            new, "_run", new._step if new.out_keys != new._out_all else _make_run(new)
+        )
+        return new
+
     def _identity(self) -> tuple:
-        return (self._fn, self.in_keys, self.out_keys, self._kwargs)
+        return (self._fn, self.in_keys, self.out_keys, self._kwargs, self._out_all)
 
     def __eq__(self, other: object) -> bool:
         return type(other) is Module and self._identity() == other._identity()
@@ -251,13 +315,19 @@ class Module:
     def __call__(
         self,
         params: TensorDict | None = None,
-        td: TensorDict | None = None,
+        td: TensorDict | torch.Tensor | None = None,
         /,
-        *,
+        *args: torch.Tensor,
         key: Any = None,
         **tensors: torch.Tensor,
     ):
-        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``."""
+        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``.
+
+        ``m(params, x, h)``: tensors in ``in_keys`` order (tensordict's positional
+        dispatch, after the params), the rest by keyword; returns the out tensors.
+        """
+        if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
+            return positional_call(self, params, (td, *args), key, tensors)
         return call_td(self, params, td, key, tensors, self._run)
 
     def apply_with_state(
@@ -321,30 +391,6 @@ def call_td(m: Any, params: Any, td: Any, key: Any, tensors: dict, run: Any, *ex
     data = dict(td._data)
     run(params, data, td._batch_size, key, *extra)
     return _new(data, td._batch_size)
-
-
-def _write_outputs(self: Module, data: dict, bs: torch.Size, out: Any) -> None:
-    outs = self.out_keys
-    if len(outs) == 1 and isinstance(out, torch.Tensor):
-        _write(self, data, bs, outs[0], out)
-        return
-    if isinstance(out, Mapping):
-        for k in outs:
-            if k not in out:
-                raise KeyError(
-                    f"{self._label()}: the function returned a mapping without {E.fmt_key(k)}; it has {E.fmt_keys(out)}."
-                )
-            _write(self, data, bs, k, out[k])
-        return
-    if not isinstance(out, tuple | list):
-        out = (out,)
-    if len(out) != len(outs):
-        raise ValueError(
-            f"{self._label()}: the function returned {len(out)} output(s) but out_keys has "
-            f"{len(outs)} ({E.fmt_keys(outs)}); give one out_key per output."
-        )
-    for k, v in zip(outs, out):
-        _write(self, data, bs, k, v)
 
 
 _NOPE = object()
@@ -448,28 +494,6 @@ def _get_path(data: dict, key: tuple) -> Any:
     return v
 
 
-def _write(m: Module, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
-    if not isinstance(value, torch.Tensor):
-        if isinstance(value, TensorDict) and value._batch_size[: len(bs)] == bs:
-            pass
-        else:
-            raise TypeError(
-                f"{m._label()}: output {E.fmt_key(key)} is a {type(value).__name__}, not a tensor. "
-                "Return tensors (or a tuple of them, one per out_key)."
-            )
-    elif value.shape[: len(bs)] != bs:
-        raise ValueError(
-            f"{m._label()}: output {E.fmt_key(key)} has shape {list(value.shape)}, which does not "
-            f"start with the batch size {list(bs)} of the tensordict. Keep the batch dims in front."
-        )
-    if type(key) is str:
-        data[key] = value
-    else:
-        head = data.get(key[0], _NOPE)
-        child = head if type(head) is TensorDict else _new({}, bs)
-        data[key[0]] = _set_path(child, key[1:], value, 1, check=False)
-
-
 def _missing_input(m: Module, key: Key, data: dict):
     has = E.fmt_keys(_TensorDictKeys(data))
     raise KeyError(
@@ -506,67 +530,6 @@ def _bad_params(m: Module, params: Any):
     )
 
 
-_LAYOUTS: dict = {}
-
-
-def _layout(fn) -> tuple[dict, tuple | None]:
-    """A layer's expected params, computed once per layer value: ``{path: shape}``,
-    and ``((name, shape), ...)`` when every path is top-level (the fast check) or None."""
-    cached = _LAYOUTS.get(fn)
-    if cached is None:
-        shapes = getattr(fn, "param_shapes", None)
-        if shapes is not None:
-            lay = dict(shapes())
-        else:
-            with torch.device("meta"):
-                p = fn.init(0)
-            lay = {
-                k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)
-            }
-        flat = None
-        if all(len(k) == 1 for k in lay):
-            flat = tuple((k[0], tuple(shape)) for k, shape in lay.items())
-        cached = _LAYOUTS[fn] = (lay, flat)
-    return cached
-
-
-def _check_params(m: Module, params: TensorDict) -> None:
-    # Under torch.compile the check is traced (it costs nothing at run time: the
-    # shapes are guarded anyway) but neither the layout cache nor the params'
-    # ``_checked`` slot is written: a side effect on an input or on a global
-    # would make the next call fail a guard and recompile (notes/gotchas.md).
-    compiling = torch.compiler.is_compiling()
-    if not compiling:  # fast path: a flat layout whose entries all match
-        flat = _layout(m._fn)[1]
-        if flat is not None and len(params._data) == len(flat):
-            data = params._data
-            for k, shape in flat:
-                v = data.get(k)
-                if type(v) is TensorDict or v is None or v.shape != shape:
-                    break
-            else:
-                _set_checked(params, m._fn)
-                return
-    expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
-    got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
-    missing = [k for k in expected if k not in got]
-    extra = [k for k in got if k not in expected]
-    if missing or extra:
-        raise KeyError(
-            f"{m._label()}: params do not match the layout of {m._fn!r}: missing "
-            f"{E.fmt_keys(missing)}; unexpected {E.fmt_keys(extra)}. Were these params made "
-            "for another module? Use m.init(key) or fd.from_module(m)."
-        )
-    for k, shape in expected.items():
-        if tuple(got[k].shape) != tuple(shape):
-            raise ValueError(
-                f"{m._label()}: params entry {E.fmt_key(k)} has shape {list(got[k].shape)}, "
-                f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
-            )
-    if not compiling:
-        _set_checked(params, m._fn)
-
-
 def _keyword_call(m, params, key, tensors: dict, interaction=None):
     """``m(params, x=x)``: build the td from keyword tensors, return the out tensors."""
     if not tensors:
@@ -575,7 +538,13 @@ def _keyword_call(m, params, key, tensors: dict, interaction=None):
                 f"{m._label()} takes (params, td); got one TensorDict. Call m(params, td); a "
                 "module without parameters takes m(None, td)."
             )
-        raise TypeError(f"{m._label()} takes (params, td) or (params, **tensors); got no data.")
+        hint = ""
+        if isinstance(params, _Tensor):
+            hint = " The params come first: m(None, x) for a module without parameters."
+        raise TypeError(
+            f"{m._label()} takes (params, td), (params, *tensors) or (params, **tensors); "
+            f"got no data.{hint}"
+        )
     names = {_kwarg_name(k): k for k in m.in_keys}
     unknown = [n for n in tensors if n not in names]
     missing = [n for n in names if n not in tensors]

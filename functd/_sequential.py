@@ -15,13 +15,23 @@ Example:
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
 
 from . import _errors as E
-from ._module import COLLECT, STATE, Module, apply_with_state, as_keys, call_td
+from ._module import (
+    COLLECT,
+    STATE,
+    Module,
+    _Tensor,
+    apply_with_state,
+    as_keys,
+    call_td,
+    positional_call,
+)
 from ._td import Key, TensorDict, _new
 
 __all__ = ["Sequential"]
@@ -75,6 +85,8 @@ class Sequential:
     __slots__ = (
         "_all_out",
         "_drop",
+        "_nparams",
+        "_param_names",
         "_plain",
         "_random",
         "_run",
@@ -136,6 +148,19 @@ class Sequential:
         )
         set_(self, "_stateful", any(getattr(m, "stateful", False) for m in flat))
         set_(self, "_run", self._stateful_step if self._stateful else self._step)
+        # the params entries a call accepts: its own children's, or (a slice, given
+        # `_names`) unchecked until _takes_params_of names the whole model's
+        own = frozenset(n for n, m in zip(names, flat) if m.has_params)
+        set_(self, "_param_names", own if _names is None else None)
+        set_(self, "_nparams", len(own) if _names is None else sys.maxsize)
+
+    def _takes_params_of(self, other: Sequential) -> Sequential:
+        """Accept the params entries ``other`` accepts (a slice takes the whole
+        model's params); returns ``self``."""
+        names = other._param_names
+        object.__setattr__(self, "_param_names", names)
+        object.__setattr__(self, "_nparams", sys.maxsize if names is None else len(names))
+        return self
 
     # ---------------------------------------------------------------- value
     @property
@@ -181,7 +206,7 @@ class Sequential:
             mods, names = self.modules[index], self.names[index]
         else:
             mods, names = (self.modules[index],), (self.names[index],)
-        return Sequential(*mods, _names=names)
+        return Sequential(*mods, _names=names)._takes_params_of(self)
 
     def __rshift__(self, other: Any) -> Sequential:
         return Sequential(self, other)
@@ -201,7 +226,72 @@ class Sequential:
         Raises:
             KeyError: a key is written by no module.
         """
-        return Sequential(*self.modules, selected_out_keys=keys, _names=self.names)
+        new = Sequential(*self.modules, selected_out_keys=keys, _names=self.names)
+        return new._takes_params_of(self)
+
+    def select_subsequence(
+        self, in_keys: Sequence[Key] | None = None, out_keys: Sequence[Key] | None = None
+    ) -> Sequential:
+        """A new Sequential of the modules that can run from ``in_keys`` and that
+        ``out_keys`` need (tensordict's ``select_subsequence``); ``self`` is unchanged.
+
+        Two filters, in this order: a module is kept if each of its inputs is in
+        ``in_keys`` or written by a module kept before it; then, of those, a module
+        is kept if it writes one of ``out_keys`` or an input of a module kept after
+        it. A nested (selected) Sequential is filtered the same way. The modules
+        keep their names, so the new Sequential takes the same params. As in
+        tensordict, the result selects no outputs (``select_out_keys`` again).
+
+        Args:
+            in_keys: the keys to start from (default: ``self.in_keys``).
+            out_keys: the keys to compute (default: ``self.out_keys``).
+
+        Raises:
+            ValueError: no module is left.
+
+        Example:
+            >>> seq = fd.Sequential(a_to_b, b_to_c, c_to_d, a_to_e)
+            >>> seq.select_subsequence(out_keys=["c"]).out_keys
+            ('b', 'c')
+        """
+        ins = list(self.in_keys if in_keys is None else as_keys(list(in_keys), "in_keys"))
+        outs = list(self.out_keys if out_keys is None else as_keys(list(out_keys), "out_keys"))
+        mods = list(self.modules)
+        keep = set(range(len(mods)))
+        for i, m in enumerate(mods):
+            if isinstance(m, Sequential):
+                try:
+                    m = mods[i] = _nested_subsequence(m, in_keys=list(ins))
+                except ValueError:
+                    keep.discard(i)
+                    continue
+            if all(k in ins for k in m.in_keys):
+                ins.extend(m.out_keys)
+            else:
+                keep.discard(i)
+        for i in reversed(range(len(mods))):
+            if i not in keep:
+                continue
+            m = mods[i]
+            if any(k in outs for k in m.out_keys):
+                if isinstance(m, Sequential):
+                    m = mods[i] = _nested_subsequence(m, out_keys=list(outs))
+                outs.extend(m.in_keys)
+            else:
+                keep.discard(i)
+        if not keep:
+            raise ValueError(
+                f"{self._label()}.select_subsequence: no module is left; make sure that in_keys "
+                "and out_keys are coherent (a module is kept when it can run from in_keys and "
+                "some out_key needs it)."
+            )
+        idx = sorted(keep)
+        mods_kept, names = [mods[i] for i in idx], [self.names[i] for i in idx]
+        try:
+            new = type(self)(*mods_kept, _names=names)
+        except TypeError:  # a subclass that needs a module dropped here (a probabilistic head)
+            new = Sequential(*mods_kept, _names=names)
+        return new._takes_params_of(self)
 
     # ---------------------------------------------------------------- params
     def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
@@ -220,13 +310,16 @@ class Sequential:
     def __call__(
         self,
         params: TensorDict | None = None,
-        td: TensorDict | None = None,
+        td: TensorDict | torch.Tensor | None = None,
         /,
-        *,
+        *args: torch.Tensor,
         key: Any = None,
         **tensors: torch.Tensor,
     ):
-        """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``."""
+        """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``;
+        ``seq(params, x, h)``: tensors in ``in_keys`` order (positional dispatch)."""
+        if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
+            return positional_call(self, params, (td, *args), key, tensors)
         return call_td(self, params, td, key, tensors, self._run)
 
     def apply_with_state(
@@ -284,6 +377,8 @@ class Sequential:
 
     def _step(self, params: TensorDict | None, data: dict, bs: torch.Size, key: Any) -> None:
         pdata = params._data if type(params) is TensorDict else None
+        if pdata is not None and len(pdata) > self._nparams:
+            self._extra_params(params)
         if key is None and pdata is not None:
             try:  # the hot path: no key, params given
                 for name, run, drop in self._plain:
@@ -306,6 +401,8 @@ class Sequential:
         p = pdata.get(name) if pdata is not None else None
         if p is None:
             self._bad_params(params, name, m)
+        if len(pdata) > self._nparams:
+            self._extra_params(params)
         return p
 
     def _drop_unselected(self, data: dict) -> None:
@@ -314,6 +411,20 @@ class Sequential:
                 data.pop(k, None)
             elif type(data.get(k[0])) is TensorDict:
                 data[k[0]] = data[k[0]].exclude(k[1:])
+
+    def _extra_params(self, params: TensorDict):
+        """Params with entries no module of this Sequential (or of the model it was
+        sliced from) owns: the same KeyError a Module gives for unexpected entries."""
+        names = self._param_names or frozenset()
+        extra = [k for k in params._data if k not in names]
+        if not extra:
+            return
+        raise KeyError(
+            f"{self._label()}: params have unexpected entr{'y' if len(extra) == 1 else 'ies'} "
+            f"{E.fmt_keys(extra)}: no module with parameters is named so (they are "
+            f"{E.fmt_keys(sorted(names, key=_by_position))}). Were these params made for "
+            "another module? Use seq.init(key) or fd.from_module(seq)."
+        )
 
     def _bad_params(self, params: Any, name: str, m: Any):
         if type(params) is not TensorDict:
@@ -327,3 +438,20 @@ class Sequential:
             f"params have: {E.fmt_keys(params.keys())}. Were they made for another module? "
             "Use seq.init(key) or fd.from_module(seq)."
         )
+
+
+def _by_position(name: str) -> tuple:
+    return (0, int(name), "") if name.isdigit() else (1, 0, name)
+
+
+def _nested_subsequence(m: Sequential, **keys: Any) -> Sequential:
+    """``m.select_subsequence(**keys)`` for a nested Sequential (one that selects its
+    outputs, else it would have been flattened): its selection is kept where its
+    outputs remain, so it stays one nested child."""
+    sub = m.select_subsequence(**keys)
+    sel = m.selected_out_keys
+    if sel is None:
+        return sub
+    kept = [k for k in sel if k in sub._all_out]
+    new = type(sub)(*sub.modules, selected_out_keys=kept, _names=sub.names)
+    return new._takes_params_of(m)

@@ -233,7 +233,7 @@ def _print_epoch(epoch: int, epochs: int, metrics: list[TensorDict], seconds: fl
     )
     width = len(str(epochs))
     print(
-        f"epoch {epoch + 1:>{width}}/{epochs}: {means} ({len(metrics)} steps, {seconds:.2f}s)",
+        f"epoch {epoch + 1:>{width}}/{epochs}: {means} ({len(metrics)} step{'s' * (len(metrics) != 1)}, {seconds:.2f}s)",
         file=sys.stdout,
         flush=True,
     )

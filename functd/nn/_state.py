@@ -198,15 +198,21 @@ def _set_mode(obj: Any, training: bool) -> Any:
         mods = [_set_mode(m, training) for m in obj.modules]
         if all(a is b for a, b in zip(mods, obj.modules)):
             return obj
-        return type(obj)(*mods, selected_out_keys=obj.selected_out_keys, _names=obj.names)
+        new = type(obj)(*mods, selected_out_keys=obj.selected_out_keys, _names=obj.names)
+        return new._takes_params_of(obj)  # the same params entries are accepted
     if isinstance(obj, Module) and type(obj) is not Module:
         return obj  # a probabilistic head: no training mode (its interaction type decides)
     if type(obj) is Module:
         fn = _set_mode(obj.fn, training) if isinstance(obj.fn, Layer) else obj.fn
         if fn is obj.fn:
             return obj
-        ins = dict(zip(obj.in_keys, obj._kwargs)) if obj._kwargs else list(obj.in_keys)
-        new = Module(fn, ins, list(obj.out_keys))
+        if obj._kwargs:  # {argument: td_key}: one td key may feed several arguments
+            ins = dict(zip(obj._kwargs, obj.in_keys))
+            new = Module(fn, ins, list(obj.out_keys_source), out_to_in_map=True)
+        else:
+            new = Module(fn, list(obj.in_keys), list(obj.out_keys_source))
+        if new.out_keys != obj.out_keys:
+            new = new.select_out_keys(*obj.out_keys)
         object.__setattr__(new, "_source", obj._source)  # from_module still reads its weights
         return new
     if isinstance(obj, Chain):

@@ -1,0 +1,123 @@
+"""How a Module writes its outputs, and its positional call ``m(params, x, h)``.
+
+Example:
+    >>> m = fd.Module(lambda x: fd.TensorDict({"b": x}, []), ["a"], ["b"])
+    >>> m(None, fd.TensorDict({"a": torch.ones(2)}, []))["b"]  # read by key
+    tensor([1., 1.])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from . import _errors as E
+from ._td import Key, TensorDict, _new, _set_path
+
+__all__ = ["positional_call"]
+
+_Tensor = torch.Tensor
+_NOPE = object()
+
+
+def positional_call(m: Any, params: Any, args: tuple, key: Any, tensors: dict, *extra: Any):
+    """``m(params, x, h)``: tensors in ``m.in_keys`` order after the params (tensordict's
+    positional dispatch), the remaining in_keys by keyword; returns the out tensors."""
+    ins = m.in_keys
+    if isinstance(args[0], TensorDict):
+        raise TypeError(
+            f"{m._label()}: m(params, td) takes no further positional arguments; got "
+            f"{len(args) - 1} more. Call m(params, td) or m(params, *tensors)."
+        )
+    if len(args) > len(ins):
+        raise TypeError(
+            f"{m._label()}: got {len(args)} positional tensors but in_keys has {len(ins)} "
+            f"({E.fmt_keys(ins)}); pass one tensor per in_key, in this order."
+        )
+    named = {}
+    for k, v in zip(ins, args):
+        name = k if isinstance(k, str) else "_".join(k)  # as _module._kwarg_name
+        if not isinstance(v, _Tensor):
+            raise TypeError(
+                f"{m._label()}: positional input {E.fmt_key(k)} is a {type(v).__name__}, not a "
+                "tensor. Call m(params, td) with a TensorDict, or m(params, *tensors)."
+            )
+        if name in tensors:
+            raise TypeError(
+                f"{m._label()}: {E.fmt_key(k)} is given both positionally and as {name}=."
+            )
+        named[name] = v
+    named.update(tensors)
+    from ._module import _keyword_call
+
+    return _keyword_call(m, params, key, named, *extra)
+
+
+def _write_outputs(self: Any, data: dict, bs: torch.Size, out: Any) -> None:
+    outs = getattr(self, "_out_all", self.out_keys)
+    sel = self.out_keys
+    if len(outs) == 1 and isinstance(out, torch.Tensor):
+        _write(self, data, bs, outs[0], out)
+        return
+    if isinstance(out, Mapping) or (
+        type(out) is TensorDict and (len(outs) > 1 or all(k in out for k in outs))
+    ):
+        # read by key (a dict, or a TensorDict that holds the out_keys, as tensordict
+        # does); a TensorDict without the one out_key is a value written under it
+        for k in outs:
+            if k not in out:
+                raise KeyError(
+                    f"{self._label()}: the function returned a mapping without {E.fmt_key(k)}; it has {E.fmt_keys(out.keys())}."
+                )
+            if k in sel:
+                _write(self, data, bs, k, out[k])
+        return
+    if not isinstance(out, tuple | list):
+        out = (out,)
+    if len(out) != len(outs):
+        raise ValueError(
+            f"{self._label()}: the function returned {len(out)} output(s) but out_keys has "
+            f"{len(outs)} ({E.fmt_keys(outs)}); give one out_key per output."
+        )
+    for k, v in zip(outs, out):
+        if sel is outs or k in sel:
+            _write(self, data, bs, k, v)
+
+
+def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
+    if not isinstance(value, torch.Tensor):
+        if isinstance(value, TensorDict) and value._batch_size[: len(bs)] == bs:
+            pass
+        else:
+            raise TypeError(
+                f"{m._label()}: output {E.fmt_key(key)} is a {type(value).__name__}, not a tensor. "
+                "Return tensors (or a tuple of them, one per out_key)."
+            )
+    elif value.shape[: len(bs)] != bs:
+        raise ValueError(
+            f"{m._label()}: output {E.fmt_key(key)} has shape {list(value.shape)}, which does not "
+            f"start with the batch size {list(bs)} of the tensordict. Keep the batch dims in front."
+        )
+    if type(key) is str:
+        data[key] = value
+    else:
+        head = data.get(key[0], _NOPE)
+        if head is _NOPE:
+            child = _new({}, bs)
+        elif type(head) is TensorDict:
+            child = head
+        else:  # the message td.set gives: never replace the tensor by a sub-td
+            raise KeyError(
+                f"{m._label()}: cannot set {E.fmt_key(key)}: {E.fmt_key(key[0])} holds a "
+                f"{type(head).__name__}, not a nested TensorDict. Write the output under "
+                "another key."
+            )
+        try:
+            new = _set_path(child, key[1:], value, 1, check=False, prefix=(key[0],))
+        except KeyError as e:
+            raise KeyError(
+                f"{m._label()}: {e.args[0]} Write the output under another key."
+            ) from None
+        data[key[0]] = new

@@ -1,0 +1,106 @@
+"""The params check of a Module: the layout a layer expects, cached on the layer.
+
+``_layout(layer)`` is ``({path: shape}, flat or None)``, computed once per layer
+value and kept on the layer itself (or, for a layer without ``__dict__``, in a
+bounded weak-keyed table): nothing here keeps a layer, or the torch module it
+came from, alive. ``_check_params`` compares a params TensorDict with it.
+
+Example:
+    >>> _layout(fd.nn.Linear(3, 4))[0]
+    {('weight',): (4, 3), ('bias',): (4,)}
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+from . import _errors as E
+from ._td import TensorDict, _set_checked
+
+__all__ = ["_check_params", "_layout"]
+
+#: Layouts of layers that keep no ``__dict__`` (the others keep theirs on themselves,
+#: under ``_LAYOUT_ATTR``): weak keys, so a dropped layer leaves, and bounded.
+_LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LAYOUTS_MAX = 256
+_LAYOUT_ATTR = "_functd_layout"
+
+
+def _layout(fn) -> tuple[dict, tuple | None]:
+    """A layer's expected params, computed once per layer value: ``{path: shape}``,
+    and ``((name, shape), ...)`` when every path is top-level (the fast check) or None.
+
+    Kept on the layer itself (in its ``__dict__``, beside its frozen fields), so
+    it lives exactly as long as the layer; a layer without ``__dict__`` uses a
+    bounded weak-keyed table, or nothing when it cannot be weakly referenced."""
+    own = getattr(fn, "__dict__", None)
+    if own is not None:
+        cached = own.get(_LAYOUT_ATTR)
+        if cached is None:
+            cached = own[_LAYOUT_ATTR] = _compute_layout(fn)
+        return cached
+    try:
+        cached = _LAYOUTS.get(fn)
+    except TypeError:  # not weakly referenceable (or unhashable): no cache
+        return _compute_layout(fn)
+    if cached is None:
+        cached = _compute_layout(fn)
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        _LAYOUTS[fn] = cached
+    return cached
+
+
+def _compute_layout(fn) -> tuple[dict, tuple | None]:
+    """The layout ``_layout`` caches (computed without drawing: meta tensors)."""
+    shapes = getattr(fn, "param_shapes", None)
+    if shapes is not None:
+        lay = dict(shapes())
+    else:
+        with torch.device("meta"):
+            p = fn.init(0)
+        lay = {k if isinstance(k, tuple) else (k,): tuple(v.shape) for k, v in p.items(True, True)}
+    flat = None
+    if all(len(k) == 1 for k in lay):
+        flat = tuple((k[0], tuple(shape)) for k, shape in lay.items())
+    return (lay, flat)
+
+
+def _check_params(m: Any, params: TensorDict) -> None:
+    # Under torch.compile the check is traced (it costs nothing at run time: the
+    # shapes are guarded anyway) but neither the layout cache nor the params'
+    # ``_checked`` slot is written: a side effect on an input or on a global
+    # would make the next call fail a guard and recompile (notes/gotchas.md).
+    compiling = torch.compiler.is_compiling()
+    if not compiling:  # fast path: a flat layout whose entries all match
+        flat = _layout(m._fn)[1]
+        if flat is not None and len(params._data) == len(flat):
+            data = params._data
+            for k, shape in flat:
+                v = data.get(k)
+                if type(v) is TensorDict or v is None or v.shape != shape:
+                    break
+            else:
+                _set_checked(params, m._fn)
+                return
+    expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
+    got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
+    missing = [k for k in expected if k not in got]
+    extra = [k for k in got if k not in expected]
+    if missing or extra:
+        raise KeyError(
+            f"{m._label()}: params do not match the layout of {m._fn!r}: missing "
+            f"{E.fmt_keys(missing)}; unexpected {E.fmt_keys(extra)}. Were these params made "
+            "for another module? Use m.init(key) or fd.from_module(m)."
+        )
+    for k, shape in expected.items():
+        if tuple(got[k].shape) != tuple(shape):
+            raise ValueError(
+                f"{m._label()}: params entry {E.fmt_key(k)} has shape {list(got[k].shape)}, "
+                f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
+            )
+    if not compiling:
+        _set_checked(params, m._fn)
