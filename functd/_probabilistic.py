@@ -482,17 +482,19 @@ class ProbabilisticSequential(Sequential):
         mods = self.modules[index] if isinstance(index, slice) else (self.modules[index],)
         names = self.names[index] if isinstance(index, slice) else (self.names[index],)
         if not any(_is_head(m) for m in mods):
-            return Sequential(*mods, _names=names)
+            return Sequential(*mods, _names=names)._takes_params_of(self)
         rc = True if self.return_composite else None  # (as tensordict's slices)
-        return ProbabilisticSequential(*mods, return_composite=rc, _names=names)
+        new = ProbabilisticSequential(*mods, return_composite=rc, _names=names)
+        return new._takes_params_of(self)
 
     def select_out_keys(self, *keys: Key) -> ProbabilisticSequential:
-        return ProbabilisticSequential(
+        new = ProbabilisticSequential(
             *self.modules,
             selected_out_keys=keys,
             return_composite=self.return_composite,
             _names=self.names,
         )
+        return new._takes_params_of(self)
 
     @property
     def default_interaction_type(self) -> InteractionType:

@@ -140,8 +140,13 @@ def test_probabilistic_sequential_rejects_extra_entries():
         fd.Probabilistic(["loc", "scale"], ["action"], torch.distributions.Normal),
     )
     params = fd.from_module(pol)
-    with pytest.raises(KeyError, match=r"unexpected entry '9'"):
-        pol(params.set("9", params["0"]), _td())
+    bad = params.set("9", params["0"])
+    full = pol(params, _td())
+    for m in (pol, pol[:2], pol[:1], pol.select_out_keys("action")):
+        with pytest.raises(KeyError, match=r"unexpected entry '9'"):
+            m(bad, full)
+    td = _td()
+    assert_close(pol[1:](params, pol[:1](params, td))["action"], pol(params, td)["action"])
 
 
 # ---------------------------------------------------------------- 4. save of a view
