@@ -50,6 +50,7 @@ from ._module import (
     _missing_input,
     _write,
     call_td,
+    positional_call,
 )
 from ._prob_args import _check_key_arg, _freeze, parse_head, write_composite
 from ._sequential import Sequential
@@ -304,9 +305,9 @@ class Probabilistic(Module):
     def __call__(
         self,
         params: TensorDict | None = None,
-        td: TensorDict | None = None,
+        td: TensorDict | Tensor | None = None,
         /,
-        *,
+        *args: Tensor,
         key: Any = None,
         interaction: InteractionType | str | None = None,
         **tensors: Tensor,
@@ -315,6 +316,8 @@ class Probabilistic(Module):
 
         With ``num_samples``: the one-sample call vmapped over
         ``fd.random.split(key, n)`` (every output gets the leading sample dims)."""
+        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
+            return positional_call(self, params, (td, *args), key, tensors, interaction)
         it = _resolve(interaction, self)
         if self.num_samples is None or td is None:  # (a keyword call comes back with a td)
             return call_td(self, params, td, key, tensors, self._run_i, it)
@@ -505,15 +508,17 @@ class ProbabilisticSequential(Sequential):
     def __call__(
         self,
         params: TensorDict | None = None,
-        td: TensorDict | None = None,
+        td: TensorDict | Tensor | None = None,
         /,
-        *,
+        *args: Tensor,
         key: Any = None,
         interaction: InteractionType | str | None = None,
         **tensors: Tensor,
     ):
         """``policy(params, td, key=None, interaction=None)`` -> new td (with a head's
         ``num_samples``: vmapped over ``fd.random.split(key, n)``)."""
+        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
+            return positional_call(self, params, (td, *args), key, tensors, interaction)
         it = _resolve(interaction, self)
         if self._ns is None or td is None:
             return call_td(self, params, td, key, tensors, self._run_i, it)

@@ -155,6 +155,35 @@ def test_positional_dispatch_matches_tensordict():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+def test_positional_dispatch_of_a_policy_matches_tensordict():
+    from tensordict.nn import NormalParamExtractor as TNPE
+    from tensordict.nn import ProbabilisticTensorDictModule as TPM
+    from tensordict.nn import ProbabilisticTensorDictSequential as TPS
+
+    gru, ext = nn.GRUCell(4, 8), fd.NormalParamExtractor()
+    x, h = torch.randn(3, 4), torch.randn(3, 8)
+    head = fd.Probabilistic(["loc", "scale"], ["action"], torch.distributions.Normal)
+    pol = fd.ProbabilisticSequential(
+        fd.Module(gru, ["x", "h"], ["h2"]), fd.Module(ext, ["h2"], ["loc", "scale"]), head
+    )
+    ref = TPS(
+        TDM(gru, ["x", "h"], ["h2"]),
+        TDM(TNPE(), ["h2"], ["loc", "scale"]),
+        TPM(["loc", "scale"], ["action"], distribution_class=torch.distributions.Normal),
+    )
+    params = fd.from_module(pol)
+    ours, theirs = pol(params, x, h), ref(x, h)
+    assert len(ours) == len(theirs)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b)
+    loc, scale = ours[1], ours[2]
+    torch.testing.assert_close(head(None, loc, scale), loc)  # deterministic: the mean
+    k = fd.random.key(0)
+    drawn = pol(params, x, h, key=k, interaction="random")
+    by_td = pol(params, fd.TensorDict({"x": x, "h": h}, [3]), key=k, interaction="random")
+    torch.testing.assert_close(drawn[-1], by_td["action"], rtol=0, atol=0)
+
+
 def test_positional_dispatch_errors():
     m = fd.Module(lambda x, y: x + y, ["x", "y"], ["z"])
     x = torch.zeros(2)
