@@ -13,6 +13,9 @@ from . import optim as optim
 from . import random as random
 from . import testing as testing
 from ._autodiff import grad as grad
+from ._axes import axis_size as axis_size
+from ._axes import pmean as pmean
+from ._axes import psum as psum
 from ._autodiff import hessian as hessian
 from ._autodiff import jacfwd as jacfwd
 from ._autodiff import jacrev as jacrev

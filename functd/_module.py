@@ -23,6 +23,8 @@ from typing import Any
 import torch
 
 from . import _errors as E
+from ._dtensor import placed_inputs as _placed_inputs
+from ._dtensor import set_placed as _set_placed
 from ._td import Key, TensorDict, _check_key, _new, _set_checked, _set_path
 
 __all__ = ["Module", "as_keys"]
@@ -295,8 +297,8 @@ class Module:
         elif kind == 0:
             if type(params) is not TensorDict:
                 _bad_params(self, params)
-            if params._checked is not fn:
-                _check_params(self, params)
+            if params._checked is not fn:  # DTensor params: plain inputs replicated
+                args = _placed_inputs(self, params, args)
             out = fn(params, *args, key=key) if self._random else fn(params, *args)
         elif kind == 1:
             p = _empty_params()
@@ -415,8 +417,8 @@ def _make_run(m: Module):
                 _missing_input(m, k0, data)
             if type(params) is not TensorDict:
                 _bad_params(m, params)
-            if params._checked is not fn:
-                _check_params(m, params)
+            if params._checked is not fn:  # DTensor params: plain inputs replicated
+                (x,) = _placed_inputs(m, params, (x,))
             out = fn(params, x, key=key) if rnd else fn(params, x)
             if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
                 return _write_outputs(m, data, bs, out)
@@ -542,7 +544,7 @@ def _check_params(m: Module, params: TensorDict) -> None:
             data = params._data
             for k, shape in flat:
                 v = data.get(k)
-                if type(v) is TensorDict or v is None or v.shape != shape:
+                if type(v) is not _Tensor or v.shape != shape:  # DTensors: the slow path
                     break
             else:
                 _set_checked(params, m._fn)
@@ -563,8 +565,8 @@ def _check_params(m: Module, params: TensorDict) -> None:
                 f"{m._label()}: params entry {E.fmt_key(k)} has shape {list(got[k].shape)}, "
                 f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
             )
-    if not compiling:
-        _set_checked(params, m._fn)
+    if not compiling:  # the layer, or a Placed mark when params hold DTensors
+        _set_placed(params, m, got.items())
 
 
 def _keyword_call(m, params, key, tensors: dict, interaction=None):
