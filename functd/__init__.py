@@ -8,20 +8,21 @@ Example:
 """
 
 from . import _tree
+from . import distributed as distributed
 from . import nn as nn
 from . import optim as optim
 from . import random as random
 from . import testing as testing
 from ._autodiff import grad as grad
-from ._axes import axis_size as axis_size
-from ._axes import pmean as pmean
-from ._axes import psum as psum
 from ._autodiff import hessian as hessian
 from ._autodiff import jacfwd as jacfwd
 from ._autodiff import jacrev as jacrev
 from ._autodiff import jvp as jvp
 from ._autodiff import value_and_grad as value_and_grad
 from ._autodiff import vjp as vjp
+from ._axes import axis_size as axis_size
+from ._axes import pmean as pmean
+from ._axes import psum as psum
 from ._cuda_graph import CudaGraphWarning as CudaGraphWarning
 from ._cuda_graph import cuda_graph as cuda_graph
 from ._distributions import InteractionType as InteractionType

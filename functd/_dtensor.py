@@ -26,9 +26,29 @@ import torch
 from . import _errors as E
 from ._td import TensorDict, _set_checked
 
-__all__ = ["Placed", "is_dtensor", "placed_inputs", "placed_mark"]
+__all__ = ["SEEN", "Placed", "is_dtensor", "placed_inputs", "placed_mark", "seen"]
 
 _Tensor = torch.Tensor
+
+
+#: True once functd has met a DTensor (params marked, ``shard``, an FSDP2 module): only
+#: then does the fast params check look through torch.func's wrappers for DTensors.
+SEEN = False
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_unwrap = torch._C._functorch.get_unwrapped
+
+
+def seen() -> None:
+    global SEEN
+    SEEN = True
+
+
+def _base(v: Any) -> Any:
+    """The tensor under torch.func's grad/vmap wrappers (a DTensor under ``fd.grad``
+    looks like a plain Tensor)."""
+    while isinstance(v, _Tensor) and _wrapped(v):
+        v = _unwrap(v)
+    return v
 
 
 def _dtensor_type() -> type | None:
@@ -37,9 +57,10 @@ def _dtensor_type() -> type | None:
 
 
 def is_dtensor(v: Any) -> bool:
-    """True for a ``torch.distributed.tensor.DTensor`` (without importing it)."""
+    """True for a ``torch.distributed.tensor.DTensor``, also under torch.func's wrappers
+    (without importing torch.distributed.tensor)."""
     t = _dtensor_type()
-    return t is not None and isinstance(v, t)
+    return t is not None and isinstance(_base(v), t)
 
 
 class Placed:
@@ -73,6 +94,7 @@ def one_mesh(where: str, items: Any) -> Any:
         return None
     first = None
     for k, v in items:
+        v = _base(v)
         if isinstance(v, t):
             if first is None:
                 first = (k, v.device_mesh)
@@ -85,7 +107,10 @@ def placed_mark(m: Any, items: Any) -> Any:
     """What ``_check_params`` stores in ``params._checked``: the layer itself for plain
     params, a ``Placed`` record (layer + mesh) for params holding DTensors."""
     mesh = one_mesh(m._label(), items)
-    return m._fn if mesh is None else Placed(m._fn, mesh)
+    if mesh is None:
+        return m._fn
+    seen()
+    return Placed(m._fn, mesh)
 
 
 def _replicate(m: Any, args: Any, mesh: Any) -> Any:
@@ -93,13 +118,54 @@ def _replicate(m: Any, args: Any, mesh: Any) -> Any:
 
     out = []
     for i, a in enumerate(args):
-        if type(a) is _Tensor or (isinstance(a, _Tensor) and not isinstance(a, DTensor)):
-            a = DTensor.from_local(a, mesh, [Replicate()] * mesh.ndim, run_check=False)
-        elif isinstance(a, DTensor) and a.device_mesh != mesh:
+        if isinstance(a, _Tensor) and not isinstance(_base(a), DTensor):
+            a = _from_local(m, i, a, mesh, DTensor, Replicate)
+        elif isinstance(_base(a), DTensor) and _base(a).device_mesh != mesh:
             key = m.in_keys[i] if i < len(m.in_keys) else i
-            raise mixed_mesh_error(m._label(), "params", mesh, key, a.device_mesh)
+            raise mixed_mesh_error(m._label(), "params", mesh, key, _base(a).device_mesh)
         out.append(a)
     return out
+
+
+def _constant_base(a: _Tensor) -> Any:
+    """The plain tensor under ``a`` when no torch.func transform maps or differentiates
+    it (a batch passed next to the params under ``fd.grad``); None otherwise."""
+    while _wrapped(a):
+        if a.requires_grad or torch._C._functorch.is_batchedtensor(a):
+            return None
+        a = _unwrap(a)
+    return a
+
+
+def replicated(a: _Tensor, mesh: Any) -> Any:
+    """``a`` (a plain tensor) as a ``Replicate()`` DTensor on ``mesh``, no communication;
+    also inside torch.func transforms when ``a`` is a constant of them."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return _from_local(None, 0, a, mesh, DTensor, Replicate)
+
+
+def _from_local(m: Any, i: int, a: Any, mesh: Any, DTensor: Any, Replicate: Any) -> Any:
+    placements = [Replicate()] * mesh.ndim
+    base = _constant_base(a)
+    if base is not None:  # a constant of every torch.func transform: build it outside them
+        from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+        with temporarily_clear_interpreter_stack():
+            return DTensor.from_local(base, mesh, placements, run_check=False)
+    try:
+        return DTensor.from_local(a, mesh, placements, run_check=False)
+    except RuntimeError as e:  # DTensor.from_local has no torch.func rule
+        if m is None:
+            where, key = "fd.distributed.replicate", "x"
+        else:
+            where, key = m._label(), (m.in_keys[i] if i < len(m.in_keys) else i)
+        raise TypeError(
+            f"{where}: input {E.fmt_key(key)} is a plain tensor mapped or differentiated "
+            "by a torch.func transform (fd.vmap / fd.grad with respect to it), which cannot "
+            "be replicated onto the mesh of the DTensor params inside the transform. Make it "
+            "a DTensor before the transform: fd.distributed.replicate(x, mesh)."
+        ) from e
 
 
 def placed_inputs(m: Any, params: TensorDict, args: Any) -> Any:

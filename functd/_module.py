@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from . import _dtensor as _dt
 from . import _errors as E
 from ._dtensor import placed_inputs as _placed_inputs
 from ._dtensor import set_placed as _set_placed
@@ -546,8 +547,8 @@ def _check_params(m: Module, params: TensorDict) -> None:
                 v = data.get(k)
                 if type(v) is not _Tensor or v.shape != shape:  # DTensors: the slow path
                     break
-            else:
-                _set_checked(params, m._fn)
+            else:  # after a DTensor was met, look under torch.func's wrappers too
+                _set_checked(params, _dt.placed_mark(m, data.items()) if _dt.SEEN else m._fn)
                 return
     expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
     got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
