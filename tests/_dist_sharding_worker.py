@@ -221,7 +221,7 @@ def main() -> None:
             s = fd.vmap(opt.init)(p)
             losses = []
             for i in range(steps):
-                kk = fd.vmap(lambda k: fd.random.fold_in(k, i))(ks)
+                kk = fd.vmap(lambda k, i=i: fd.random.fold_in(k, i))(ks)
                 ls = fd.vmap(member_loss)(p, kk)
                 g = fd.vmap(fd.grad(member_loss))(p, kk)
                 u, s = fd.vmap(opt.update)(g, s, p)
