@@ -45,7 +45,9 @@ def seen() -> None:
 
 def _base(v: Any) -> Any:
     """The tensor under torch.func's grad/vmap wrappers (a DTensor under ``fd.grad``
-    looks like a plain Tensor)."""
+    looks like a plain Tensor). Under torch.compile: ``v`` (the wrappers are traced)."""
+    if torch.compiler.is_compiling():
+        return v
     while isinstance(v, _Tensor) and _wrapped(v):
         v = _unwrap(v)
     return v
