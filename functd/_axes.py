@@ -184,6 +184,10 @@ def _frames(axis_name: Any, where: str) -> list[_Frame]:
     return [_find(n, where) for n in names]
 
 
+@torch.compiler.disable(
+    reason="fd.psum over a named vmap axis runs eagerly: torch.compile would trace the "
+    "autograd.Function's forward and drop its vmap rule"
+)
 def psum(x: Any, axis_name: str | tuple[str, ...]) -> Any:
     """Sum of ``x`` over the named axis, the same value for every member (``jax.lax.psum``).
 
@@ -209,6 +213,7 @@ def psum(x: Any, axis_name: str | tuple[str, ...]) -> Any:
     return x
 
 
+@torch.compiler.disable(reason="fd.pmean runs eagerly, as fd.psum")
 def pmean(x: Any, axis_name: str | tuple[str, ...]) -> Any:
     """Mean of ``x`` over the named axis (``psum / size``), the same for every member.
 

@@ -180,3 +180,16 @@ def test_member_slice_blocks_and_uneven_error():
         fd.distributed.member_slice(5, rank=0, world=2)
     with pytest.raises(ValueError, match=r"rank 2 is not in \[0, 2\)"):
         fd.distributed.member_slice(4, rank=2, world=2)
+
+
+@pytest.mark.compile
+def test_compiled_psum_runs_eagerly_and_equals_eager():
+    # psum is torch.compiler.disable'd: dynamo would trace the autograd.Function's
+    # forward and drop its vmap rule (a silently wrong sum, already with backend="eager");
+    # a graph break is correct
+    def h(x):
+        return fd.vmap(lambda v: v - fd.pmean(v, "m"), axis_name="m")(x * 2) + 1
+
+    x = torch.arange(4.0)
+    torch.testing.assert_close(torch.compile(h, backend="eager")(x), h(x))
+    assert h(x).tolist() == [-2.0, 0.0, 2.0, 4.0]
