@@ -131,6 +131,14 @@ def main() -> None:
         }
 
     @check
+    def multi_input_module():  # Module._step: two in_keys next to DTensor params
+        bil = fd.Module(fd.nn.Bilinear(6, 4, 4), ["x", "t"], ["y"])
+        bp = bil.init(fd.random.key(3), dtype=D)
+        sp = fd.distributed.shard(bp, mesh, {"weight": [Shard(0)], "*": [Replicate()]})
+        td = fd.TensorDict({"x": x, "t": t}, [10])
+        return {"forward": maxdiff(bil(sp, td)["y"].full_tensor(), bil(bp, td)["y"])}
+
+    @check
     def mixed_meshes():
         other = init_device_mesh("cpu", (world,), mesh_dim_names=("other",))
         sp = fd.distributed.shard(params, mesh, RULES)
@@ -261,6 +269,11 @@ def main() -> None:
             g = fd.grad(f)(xr, w[rank])
             xb = xr.clone().requires_grad_()
             f(xb, w[rank]).backward()
+        members = xs[rank] * torch.arange(1.0, 4.0, dtype=D)[:, None]  # 3 members here
+        with fd.distributed.axis("ranks"):
+            in_vmap = fd.vmap(lambda v: fd.psum(v, "ranks"), axis_name="members")(members)
+        ar_members = members.clone()
+        dist.all_reduce(ar_members)
         ar = xr.clone()
         dist.all_reduce(ar)
         v_ref = fd.vmap(f, axis_name="ranks")(xs, w)[rank]
@@ -268,6 +281,7 @@ def main() -> None:
         return {
             "value": abs(float(v - v_ref)),
             "psum_vs_all_reduce": maxdiff(y, ar),
+            "inside_vmap": maxdiff(in_vmap, ar_members),
             "grad": maxdiff(g, g_ref),
             "backward": maxdiff(xb.grad, g_ref),
             "input_unchanged": maxdiff(xr, xs[rank]),

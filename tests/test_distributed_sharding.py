@@ -99,6 +99,11 @@ def test_dtensor_params_through_train_step(ranks):
         assert v["loss"] <= TOL
 
 
+def test_dtensor_params_with_two_inputs(ranks):
+    for v in _get(ranks, "multi_input_module"):
+        assert v["forward"] <= TOL
+
+
 def test_mixing_dtensors_from_different_meshes_is_a_clear_error(ranks):
     for v in _get(ranks, "mixed_meshes"):
         for msg in (v["params"], v["input"]):
@@ -138,6 +143,7 @@ def test_ensemble_across_ranks_equals_single_process(ranks):
 def test_psum_over_ranks_equals_all_reduce_and_the_vmapped_run(ranks):
     for v in _get(ranks, "psum_ranks"):
         assert v["psum_vs_all_reduce"] == 0.0
+        assert v["inside_vmap"] == 0.0  # psum over ranks of each vmapped member
         assert v["value"] <= TOL
         assert v["grad"] <= TOL
         assert v["backward"] <= TOL
