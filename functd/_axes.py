@@ -138,6 +138,10 @@ class _PSum(torch.autograd.Function):
         return _PSum.apply(g, ctx.marker, ctx.size), None, None
 
     @staticmethod
+    def jvp(ctx: Any, x_t: torch.Tensor, marker_t: Any, size_t: Any) -> torch.Tensor:
+        return _PSum.apply(x_t, ctx.marker, ctx.size)  # linear: psum of the tangent
+
+    @staticmethod
     def vmap(info: Any, in_dims: tuple, x: torch.Tensor, marker: torch.Tensor, size: int):
         xd, md = in_dims[0], in_dims[1]
         if md is None:  # another vmap level: keep its dim, go one level down
@@ -165,6 +169,10 @@ class _AllReduceSum(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, g: torch.Tensor) -> tuple:
         return _AllReduceSum.apply(g, ctx.group), None
+
+    @staticmethod
+    def jvp(ctx: Any, x_t: torch.Tensor, group_t: Any) -> torch.Tensor:
+        return _AllReduceSum.apply(x_t, ctx.group)
 
     @staticmethod
     def vmap(info: Any, in_dims: tuple, x: torch.Tensor, group: Any):

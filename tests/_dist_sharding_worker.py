@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import traceback
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -59,6 +60,10 @@ RULES = {"*.weight": [Shard(0)], "*": [Replicate()]}
 
 
 def main() -> None:
+    # pyproject's filterwarnings: functd's warnings are errors, torch's deprecations not
+    warnings.filterwarnings("error")
+    for cat in (DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=cat, module=r"torch\..*")
     rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
@@ -269,6 +274,7 @@ def main() -> None:
             g = fd.grad(f)(xr, w[rank])
             xb = xr.clone().requires_grad_()
             f(xb, w[rank]).backward()
+            _, jvp = torch.func.jvp(lambda v: fd.psum(v * v, "ranks"), (xr,), (w[rank],))
         members = xs[rank] * torch.arange(1.0, 4.0, dtype=D)[:, None]  # 3 members here
         with fd.distributed.axis("ranks"):
             in_vmap = fd.vmap(lambda v: fd.psum(v, "ranks"), axis_name="members")(members)
@@ -282,6 +288,7 @@ def main() -> None:
             "value": abs(float(v - v_ref)),
             "psum_vs_all_reduce": maxdiff(y, ar),
             "inside_vmap": maxdiff(in_vmap, ar_members),
+            "jvp": maxdiff(jvp, (2 * xs * w).sum(0)),
             "grad": maxdiff(g, g_ref),
             "backward": maxdiff(xb.grad, g_ref),
             "input_unchanged": maxdiff(xr, xs[rank]),

@@ -193,3 +193,11 @@ def test_compiled_psum_runs_eagerly_and_equals_eager():
     x = torch.arange(4.0)
     torch.testing.assert_close(torch.compile(h, backend="eager")(x), h(x))
     assert h(x).tolist() == [-2.0, 0.0, 2.0, 4.0]
+
+
+def test_forward_mode_jvp_and_jacfwd_equal_reverse():
+    x, t = torch.randn(4, 3, dtype=D), torch.randn(4, 3, dtype=D)
+    f = fd.vmap(lambda v: fd.psum(v * v, "m"), axis_name="m")
+    _, tangent = torch.func.jvp(f, (x,), (t,))
+    torch.testing.assert_close(tangent, (2 * x * t).sum(0).expand(4, 3))
+    torch.testing.assert_close(fd.jacfwd(f)(x), fd.jacrev(f)(x))
