@@ -96,6 +96,8 @@ def one_mesh(where: str, items: Any) -> Any:
         return None
     first = None
     for k, v in items:
+        if type(v) is _Tensor and not SEEN:  # plain (until a DTensor was met: wrapped)
+            continue
         v = _base(v)
         if isinstance(v, t):
             if first is None:
