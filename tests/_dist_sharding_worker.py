@@ -186,7 +186,17 @@ def main() -> None:
             },
             [],
         )
+        # 3 Adam steps: fd.optim.adam on the FSDP2 shards == torch.optim.Adam unsharded
+        opt, topt = fd.optim.adam(1e-2), torch.optim.Adam(ref.parameters(), lr=1e-2)
+        q, s = p, opt.init(p)
+        for _ in range(3):
+            u, s = opt.update(fd.grad(lambda p: ((m(p, x=x) - tt) ** 2).mean())(q), s, q)
+            q = fd.optim.apply_updates(q, u)
+            topt.zero_grad()
+            ((ref(x) - t) ** 2).mean().backward()
+            topt.step()
         return {
+            "update": maxdiff(fd.distributed.gather(q), fd.from_module(ref)),
             "lowered": type(m.fn).__name__,
             "param_type": type(p["0", "weight"]).__name__,
             "same_keys": sorted(map(str, p.keys(True, True)))

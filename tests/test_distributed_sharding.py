@@ -120,6 +120,7 @@ def test_fsdp2_module_lowered_and_equal_to_torch(ranks):
         assert v["same_keys"]  # fd.from_module(m) == fd.from_module(net)
         assert v["forward"] <= TOL
         assert v["grad"] <= TOL
+        assert v["update"] <= TOL  # fd.optim.adam on shards == torch.optim.Adam
         assert v["module_still_fsdp"] == "FSDPSequential"  # the user's module untouched
 
 
