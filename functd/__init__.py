@@ -8,6 +8,7 @@ Example:
 """
 
 from . import _tree
+from . import distributed as distributed
 from . import nn as nn
 from . import optim as optim
 from . import random as random
@@ -19,6 +20,9 @@ from ._autodiff import jacrev as jacrev
 from ._autodiff import jvp as jvp
 from ._autodiff import value_and_grad as value_and_grad
 from ._autodiff import vjp as vjp
+from ._axes import axis_size as axis_size
+from ._axes import pmean as pmean
+from ._axes import psum as psum
 from ._cuda_graph import CudaGraphWarning as CudaGraphWarning
 from ._cuda_graph import cuda_graph as cuda_graph
 from ._distributions import InteractionType as InteractionType

@@ -23,10 +23,10 @@ from typing import Any
 import torch
 
 from . import _errors as E
+from ._dtensor import placed_inputs as _placed_inputs
 from ._keys import as_keys
 from ._outputs import _write as _write  # re-exported: _probabilistic writes through it
 from ._outputs import _write_outputs, positional_call
-from ._params_check import _check_params
 from ._params_check import _layout as _layout  # re-exported for the call path
 from ._td import Key, TensorDict, _new
 
@@ -365,8 +365,8 @@ class Module:
         elif kind == 0:
             if type(params) is not TensorDict:
                 _bad_params(self, params)
-            if params._checked is not fn:
-                _check_params(self, params)
+            if params._checked is not fn:  # DTensor params: plain inputs replicated
+                args = _placed_inputs(self, params, args)
             out = fn(params, *args, key=key) if self._random else fn(params, *args)
         elif kind == 1:
             p = _empty_params()
@@ -461,8 +461,8 @@ def _make_run(m: Module):
                 _missing_input(m, k0, data)
             if type(params) is not TensorDict:
                 _bad_params(m, params)
-            if params._checked is not fn:
-                _check_params(m, params)
+            if params._checked is not fn:  # DTensor params: plain inputs replicated
+                (x,) = _placed_inputs(m, params, (x,))
             out = fn(params, x, key=key) if rnd else fn(params, x)
             if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
                 return _write_outputs(m, data, bs, out)

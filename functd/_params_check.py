@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
+from . import _dtensor as _dt
 from . import _errors as E
+from ._dtensor import set_placed as _set_placed
 from ._td import TensorDict, _set_checked
 
 __all__ = ["_check_params", "_layout"]
@@ -27,6 +29,7 @@ __all__ = ["_check_params", "_layout"]
 _LAYOUTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _LAYOUTS_MAX = 256
 _LAYOUT_ATTR = "_functd_layout"
+_Tensor = torch.Tensor
 
 
 def _layout(fn) -> tuple[dict, tuple | None]:
@@ -81,10 +84,10 @@ def _check_params(m: Any, params: TensorDict) -> None:
             data = params._data
             for k, shape in flat:
                 v = data.get(k)
-                if type(v) is TensorDict or v is None or v.shape != shape:
+                if type(v) is not _Tensor or v.shape != shape:  # DTensors: the slow path
                     break
-            else:
-                _set_checked(params, m._fn)
+            else:  # after a DTensor was met, look under torch.func's wrappers too
+                _set_checked(params, _dt.placed_mark(m, data.items()) if _dt.SEEN else m._fn)
                 return
     expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
     got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
@@ -102,5 +105,5 @@ def _check_params(m: Any, params: TensorDict) -> None:
                 f"{m._label()}: params entry {E.fmt_key(k)} has shape {list(got[k].shape)}, "
                 f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
             )
-    if not compiling:
-        _set_checked(params, m._fn)
+    if not compiling:  # the layer, or a Placed mark when params hold DTensors
+        _set_placed(params, m, got.items())

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as torch_pytree
 
+from . import _axes
 from ._td import TensorDict, _new
 
 __all__ = ["vmap"]
@@ -395,6 +396,7 @@ def vmap(
     randomness: str = "error",
     *,
     chunk_size: int | None = None,
+    axis_name: str | None = None,
 ) -> Callable:
     """Vectorise ``f`` over a dim of its inputs: ``torch.func.vmap`` that knows TensorDicts.
 
@@ -415,6 +417,8 @@ def vmap(
         randomness: as ``torch.func.vmap``. Keep ``"error"``: in functd
             randomness comes from ``fd.random`` keys given as inputs.
         chunk_size: map this many elements at a time (less memory).
+        axis_name: name the mapped axis for ``fd.psum``/``fd.pmean`` inside ``f``
+            (as ``jax.vmap``); not with ``chunk_size``.
 
     Returns:
         The mapped function (it keeps ``f``'s ``__name__``, ``__doc__`` and
@@ -439,6 +443,13 @@ def vmap(
     torch_out = _zeroed(out_dims, name)
     moved = not (_is_dim(out_dims) and out_dims == 0)
     mixed = _mixed(out_dims)
+    if axis_name is not None:
+        _axes.check_name(axis_name, f"fd.vmap({name})")
+        if chunk_size is not None:
+            raise ValueError(
+                f"fd.vmap({name}): axis_name={axis_name!r} needs all elements at once, so "
+                "chunk_size cannot be given with it; drop chunk_size."
+            )
 
     @functools.wraps(f)
     def mapped(*args: Any, **kwargs: Any) -> Any:
@@ -450,6 +461,8 @@ def vmap(
             out = f(*torch_pytree.tree_unflatten(list(leaves), spec), **kwargs)
             return _plain(out, out_dims, (), name, converted) if mixed else out
 
+        if axis_name is not None:  # one more leaf: the marker of the named level
+            flat_f, flat, dims = _axes.named_call(axis_name, flat_f, flat, dims)
         try:
             out = torch.func.vmap(
                 flat_f,

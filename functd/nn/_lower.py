@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .._dtensor import is_dtensor
 from .._td import TensorDict
 from . import _activation as A
 from ._attention import MultiheadAttention
@@ -30,6 +31,7 @@ from ._conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, Con
 from ._convert import flat_state
 from ._dropout import Dropout
 from ._embedding import Embedding
+from ._fsdp import fsdp_meta_copy, orig_type, user_hooks
 from ._linear import Bilinear, Flatten, Identity, Linear
 from ._norm import GroupNorm, LayerNorm, RMSNorm
 from ._recurrent import GRUCell, LSTMCell, RNNCell
@@ -169,6 +171,10 @@ def _meta_copy(module: nn.Module) -> nn.Module:
             memo[id(t)] = nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad)
         elif type(t) is Tensor:
             memo[id(t)] = torch.empty_like(t, device="meta")
+        elif is_dtensor(t):  # FSDP2 / DTensor shards: a meta tensor of the global shape
+            meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            memo[id(t)] = nn.Parameter(meta, t.requires_grad) if t.requires_grad else meta
+    fsdp_meta_copy(module, memo)  # FSDP2 modules forbid deepcopy: their original class
     return copy.deepcopy(module, memo).to("meta")
 
 
@@ -212,7 +218,7 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
 
 
 def _lower(m: nn.Module, fallback: bool) -> Layer | None:
-    rule = _RULES.get(type(m))
+    rule = _RULES.get(orig_type(m))  # an FSDP2 module is read as its original class
     if rule is None or _has_hooks(m):
         return None
     layer = rule(m, fallback)
@@ -231,11 +237,10 @@ _GLOBAL_HOOKS = (
     "_global_backward_hooks",
     "_global_backward_pre_hooks",
 )
-_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
 
 
 def _has_hooks(m: nn.Module) -> bool:
-    if "forward" in m.__dict__ or any(getattr(m, h, None) for h in _HOOKS):
+    if "forward" in m.__dict__ or user_hooks(m):  # FSDP2's own hooks are not counted
         return True
     return any(getattr(nn.modules.module, h, None) for h in _GLOBAL_HOOKS)
 

@@ -1,0 +1,195 @@
+"""DTensor params next to plain-tensor inputs: the one hook in a module call.
+
+A module whose params hold ``torch.distributed.tensor.DTensor`` leaves (from
+``fd.distributed.shard`` or ``fd.from_module(fully_shard(net))``) is called on
+plain tensors the way DDP users call a model: each plain-tensor input becomes a
+``Replicate()`` DTensor on the params' mesh (torch itself would raise "got mixed
+torch.Tensor and DTensor").
+
+Cost on the plain path: none per call. ``Module`` checks a params TensorDict
+against its layer once (``params._checked``); a params TensorDict holding
+DTensors is marked with a ``Placed`` record instead of the layer, so only those
+calls come here, and find their mesh in the mark.
+
+Example:
+    >>> params = fd.distributed.shard(lin.init(0), mesh, {"*": [Replicate()]})
+    >>> lin(params, x=torch.randn(5, 3))   # x is replicated on ``mesh``
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+
+from . import _errors as E
+from ._td import TensorDict, _set_checked
+
+__all__ = ["SEEN", "Placed", "is_dtensor", "placed_inputs", "placed_mark", "seen"]
+
+_Tensor = torch.Tensor
+
+
+#: True once functd has met a DTensor (params marked, ``shard``, an FSDP2 module): only
+#: then does the fast params check look through torch.func's wrappers for DTensors.
+SEEN = False
+_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_unwrap = torch._C._functorch.get_unwrapped
+
+
+def seen() -> None:
+    global SEEN
+    SEEN = True
+
+
+def _base(v: Any) -> Any:
+    """The tensor under torch.func's grad/vmap wrappers (a DTensor under ``fd.grad``
+    looks like a plain Tensor). Under torch.compile: ``v`` (the wrappers are traced)."""
+    if torch.compiler.is_compiling():
+        return v
+    while isinstance(v, _Tensor) and _wrapped(v):
+        v = _unwrap(v)
+    return v
+
+
+def _dtensor_type() -> type | None:
+    mod = sys.modules.get("torch.distributed.tensor")
+    return getattr(mod, "DTensor", None) if mod is not None else None
+
+
+def is_dtensor(v: Any) -> bool:
+    """True for a ``torch.distributed.tensor.DTensor``, also under torch.func's wrappers
+    (without importing torch.distributed.tensor)."""
+    t = _dtensor_type()
+    return t is not None and isinstance(_base(v), t)
+
+
+class Placed:
+    """The ``_checked`` mark of params that passed a layer's check and hold DTensors."""
+
+    __slots__ = ("fn", "mesh")
+
+    def __init__(self, fn: Any, mesh: Any) -> None:
+        self.fn, self.mesh = fn, mesh
+
+
+def _fmt_mesh(mesh: Any) -> str:
+    names = getattr(mesh, "mesh_dim_names", None)
+    return f"DeviceMesh({mesh.device_type!r}, {mesh.mesh.tolist()}, names={names})"
+
+
+def mixed_mesh_error(where: str, k1: Any, m1: Any, k2: Any, m2: Any) -> ValueError:
+    return ValueError(
+        f"{where}: mixes DTensors from different device meshes: {E.fmt_key(k1)} is on "
+        f"{_fmt_mesh(m1)} but {E.fmt_key(k2)} is on {_fmt_mesh(m2)}. Place every parameter "
+        "and input on one mesh, e.g. fd.distributed.shard(params, mesh, rules), or gather "
+        "them back with fd.distributed.gather(params)."
+    )
+
+
+def one_mesh(where: str, items: Any) -> Any:
+    """The mesh shared by the DTensor values of ``items`` (``(key, value)`` pairs), or
+    None when there is none; a clear error when two meshes differ."""
+    t = _dtensor_type()
+    if t is None:
+        return None
+    first = None
+    for k, v in items:
+        if type(v) is _Tensor and not SEEN:  # plain (until a DTensor was met: wrapped)
+            continue
+        v = _base(v)
+        if isinstance(v, t):
+            if first is None:
+                first = (k, v.device_mesh)
+            elif v.device_mesh != first[1]:
+                raise mixed_mesh_error(where, first[0], first[1], k, v.device_mesh)
+    return None if first is None else first[1]
+
+
+def placed_mark(m: Any, items: Any) -> Any:
+    """What ``_check_params`` stores in ``params._checked``: the layer itself for plain
+    params, a ``Placed`` record (layer + mesh) for params holding DTensors."""
+    mesh = one_mesh(m._label(), items)
+    if mesh is None:
+        return m._fn
+    seen()
+    return Placed(m._fn, mesh)
+
+
+def _replicate(m: Any, args: Any, mesh: Any) -> Any:
+    from torch.distributed.tensor import DTensor, Replicate
+
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor) and not isinstance(_base(a), DTensor):
+            a = _from_local(m, i, a, mesh, DTensor, Replicate)
+        elif isinstance(_base(a), DTensor) and _base(a).device_mesh != mesh:
+            key = m.in_keys[i] if i < len(m.in_keys) else i
+            raise mixed_mesh_error(m._label(), "params", mesh, key, _base(a).device_mesh)
+        out.append(a)
+    return out
+
+
+def _constant_base(a: _Tensor) -> Any:
+    """The plain tensor under ``a`` when no torch.func transform maps or differentiates
+    it (a batch passed next to the params under ``fd.grad``); None otherwise."""
+    while _wrapped(a):
+        if a.requires_grad or torch._C._functorch.is_batchedtensor(a):
+            return None
+        a = _unwrap(a)
+    return a
+
+
+def replicated(a: _Tensor, mesh: Any) -> Any:
+    """``a`` (a plain tensor) as a ``Replicate()`` DTensor on ``mesh``, no communication;
+    also inside torch.func transforms when ``a`` is a constant of them."""
+    from torch.distributed.tensor import DTensor, Replicate
+
+    return _from_local(None, 0, a, mesh, DTensor, Replicate)
+
+
+def _from_local(m: Any, i: int, a: Any, mesh: Any, DTensor: Any, Replicate: Any) -> Any:
+    placements = [Replicate()] * mesh.ndim
+    base = _constant_base(a)
+    if base is not None:  # a constant of every torch.func transform: build it outside them
+        from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
+
+        with temporarily_clear_interpreter_stack():
+            return DTensor.from_local(base, mesh, placements, run_check=False)
+    try:
+        return DTensor.from_local(a, mesh, placements, run_check=False)
+    except RuntimeError as e:  # DTensor.from_local has no torch.func rule
+        if m is None:
+            where, key = "fd.distributed.replicate", "x"
+        else:
+            where, key = m._label(), (m.in_keys[i] if i < len(m.in_keys) else i)
+        raise TypeError(
+            f"{where}: input {E.fmt_key(key)} is a plain tensor mapped or differentiated "
+            "by a torch.func transform (fd.vmap / fd.grad with respect to it), which cannot "
+            "be replicated onto the mesh of the DTensor params inside the transform. Make it "
+            "a DTensor before the transform: fd.distributed.replicate(x, mesh)."
+        ) from e
+
+
+def placed_inputs(m: Any, params: TensorDict, args: Any) -> Any:
+    """Called by a module with params when ``params._checked is not m._fn``: check the
+    params (once per params TensorDict), and when they hold DTensors return ``args``
+    with every plain tensor replicated on their mesh; else ``args`` unchanged."""
+    mark = params._checked
+    if type(mark) is not Placed or mark.fn is not m._fn:
+        from ._params_check import _check_params
+
+        _check_params(m, params)
+        mark = params._checked
+        if mark is m._fn:
+            return args
+        if type(mark) is not Placed:  # under torch.compile nothing is stored: look again
+            mark = placed_mark(m, params.items(True, True))
+            if type(mark) is not Placed:
+                return args
+    return _replicate(m, args, mark.mesh)
+
+
+def set_placed(params: TensorDict, m: Any, items: Any) -> None:
+    _set_checked(params, placed_mark(m, items))
