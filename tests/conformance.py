@@ -138,6 +138,27 @@ def _gru_policy(interaction="deterministic"):
     )
 
 
+def _composite_split(h):
+    return h[..., :3], torch.nn.functional.softplus(h[..., 3:6]) + 0.1, h[..., 6:]
+
+
+def _composite_policy():
+    keys = [("params", "cont", "loc"), ("params", "cont", "scale"), ("params", "disc", "logits")]
+    dmap = {"cont": torch.distributions.Normal, "disc": torch.distributions.Categorical}
+    return fd.ProbabilisticSequential(
+        fd.Module(nn.Linear(3, 10), ["x"], ["h"]),
+        fd.Module(_composite_split, ["h"], keys),
+        fd.Probabilistic(
+            ["params"],
+            None,
+            fd.CompositeDistribution,
+            {"distribution_map": dmap},
+            return_log_prob=True,
+            default_interaction_type="random",
+        ),
+    )
+
+
 ENTRIES.update(
     {
         "Probabilistic(Normal, random)": Entry(
@@ -168,6 +189,10 @@ ENTRIES.update(
         ),
         "ProbabilisticSequential(GRU policy, random)": Entry(
             fd.ProbabilisticSequential, lambda: _gru_policy("random"), _gru_input
+        ),
+        # composite head (issue 13): a Normal and a nested Categorical from one Linear
+        "ProbabilisticSequential(composite head, random)": Entry(
+            fd.ProbabilisticSequential, _composite_policy, lambda: _x()
         ),
         "Module(NormalParamExtractor)": Entry(
             fd.NormalParamExtractor,
