@@ -8,6 +8,7 @@ Example:
 """
 
 from . import _tree
+from . import distributed as distributed
 from . import nn as nn
 from . import optim as optim
 from . import random as random

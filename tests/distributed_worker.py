@@ -1,0 +1,313 @@
+"""One rank of the 2-process gloo job of tests/test_distributed.py.
+
+Run as ``python tests/distributed_worker.py RANK WORLD PORT OUT_DIR`` (the test
+starts both ranks). Every check runs on both ranks in the same order (the
+collectives pair up); its outcome, ``"ok"`` or the error's type and message,
+goes to ``OUT_DIR/rank{RANK}.json``. A check that fails raises on its rank and
+the job goes on with the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import io
+import itertools
+import json
+import os
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import functd as fd
+
+torch.set_default_dtype(torch.float64)
+RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+TOL = dict(rtol=0, atol=1e-12)
+CHECKS = []
+
+
+def check(fn):
+    CHECKS.append(fn)
+    return fn
+
+
+def close(a, b, tol=TOL):
+    fd.testing.assert_close(a, b, **tol)
+
+
+def tree_for(r: int, cap_leaves: bool = True) -> dict:
+    """Rank ``r``'s input: nested TensorDict, plain dict entries, 3 dtypes."""
+    g = torch.Generator().manual_seed(100 + r)
+    td = fd.TensorDict(
+        {
+            "w": torch.randn(4, 6, generator=g),
+            "inner": {"b": torch.randn(4, generator=g), "s": torch.randn(4, 2, generator=g)},
+        },
+        [4],
+    )
+    return {
+        "td": td,
+        "f32": torch.randn(6, 3, generator=g).float(),
+        "i64": torch.randint(-5, 5, (2, 3), generator=g),
+    }
+
+
+def snapshot(tree):
+    return fd.tree.map(lambda x: x.clone(), tree)
+
+
+def same_ptrs(a, b) -> bool:
+    pa = {x.untyped_storage().data_ptr() for x in fd.tree.leaves(a)}
+    return any(x.untyped_storage().data_ptr() in pa for x in fd.tree.leaves(b))
+
+
+# ------------------------------------------------------------------ collectives
+@check
+def all_reduce_ops():
+    mine = tree_for(RANK)
+    before = snapshot(mine)
+    everyone = [tree_for(r) for r in range(WORLD)]
+    refs = {"sum": torch.sum, "max": torch.amax, "min": torch.amin}
+    for op, ref in refs.items():
+        want = fd.tree.map(lambda *xs, ref=ref: ref(torch.stack(xs), 0), *everyone)
+        for cap in (25, 1e-4):  # one bucket per dtype; one bucket per leaf
+            got = fd.distributed.all_reduce(mine, op=op, bucket_cap_mb=cap)
+            close(got, want)
+            assert not same_ptrs(got, mine)
+    floats = {"td": mine["td"], "f32": mine["f32"]}
+    got = fd.distributed.all_reduce(floats, op="mean")
+    want = fd.tree.map(
+        lambda *xs: sum(xs) / WORLD, *[{"td": e["td"], "f32": e["f32"]} for e in everyone]
+    )
+    close(got, want)
+    assert type(got["td"]) is fd.TensorDict and got["td"].batch_size == torch.Size([4])
+    close(mine, before, dict(rtol=0, atol=0))  # purity
+
+
+@check
+def broadcast_all_gather_reduce_scatter():
+    mine = tree_for(RANK)
+    before = snapshot(mine)
+    everyone = [tree_for(r) for r in range(WORLD)]
+    got = fd.distributed.broadcast(mine, src=1)
+    close(got, everyone[1], dict(rtol=0, atol=0))
+    assert not same_ptrs(got, mine)
+    gathered = fd.distributed.all_gather(mine, bucket_cap_mb=1e-4)
+    close(gathered, fd.tree.map(lambda *xs: torch.stack(xs), *everyone), dict(rtol=0, atol=0))
+    assert gathered["td"].batch_size == torch.Size([WORLD, 4])
+    rs = fd.distributed.reduce_scatter(mine, op="sum")
+    n = 4 // WORLD
+    full = fd.tree.map(lambda *xs: torch.stack(xs).sum(0), *everyone)
+    want = fd.tree.map(
+        lambda x: x[RANK * x.shape[0] // WORLD : (RANK + 1) * x.shape[0] // WORLD], full
+    )
+    close(rs, want)
+    assert rs["td"].batch_size == torch.Size([n])
+    close(mine, before, dict(rtol=0, atol=0))
+
+
+# ------------------------------------------------------------------ data parallel vs DDP
+def make_net(sizes=(8, 32, 32, 1), seed=0):
+    torch.manual_seed(seed)
+    layers = []
+    for a, b in itertools.pairwise(sizes):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1])
+
+
+def data(steps, n=16, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g)) for _ in range(steps)]
+
+
+def functd_loss(model):
+    def loss_fn(params, batch, key):
+        return ((model(params, x=batch["x"]) - batch["y"]) ** 2).mean()
+
+    return loss_fn
+
+
+def local(x):
+    n = x.shape[0] // WORLD
+    return x[RANK * n : (RANK + 1) * n]
+
+
+@check
+def pmean_adam_equals_ddp_and_single_process():
+    net = make_net()
+    model = fd.Module(net, in_keys=["x"], out_keys=["y"])
+    params0 = fd.from_module(net)
+    batches = data(10)
+    # functd, 2 ranks
+    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2))
+    step = fd.train_step(functd_loss(model), opt)
+    p, s = params0, opt.init(params0)
+    for x, y in batches:
+        p, s, _ = step(
+            p, s, fd.TensorDict({"x": local(x), "y": local(y)}, [x.shape[0] // WORLD]), None
+        )
+    # one process, the full batch
+    single = fd.train_step(functd_loss(model), fd.optim.adam(1e-2))
+    q, t = params0, fd.optim.adam(1e-2).init(params0)
+    for x, y in batches:
+        q, t, _ = single(q, t, fd.TensorDict({"x": x, "y": y}, [x.shape[0]]), None)
+    # torch DDP + torch.optim.Adam
+    ddp = nn.parallel.DistributedDataParallel(make_net())
+    topt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    for x, y in batches:
+        topt.zero_grad()
+        ((ddp(local(x)) - local(y)) ** 2).mean().backward()
+        topt.step()
+    ref = fd.from_module(ddp.module)
+    close(p, ref)
+    close(p, q)
+    close(params0, fd.from_module(make_net()), dict(rtol=0, atol=0))  # purity
+
+
+@check
+def clip_after_pmean_sees_global_norm():
+    net = make_net()
+    model = fd.Module(net, in_keys=["x"], out_keys=["y"])
+    params0 = fd.from_module(net)
+    ((x, y),) = data(1)
+    tail = (fd.optim.clip_by_global_norm(0.05), fd.optim.sgd(0.1))
+    dp = fd.optim.chain(fd.distributed.pmean(), *tail)
+    step = fd.train_step(functd_loss(model), dp)
+    p, _, _ = step(
+        params0, dp.init(params0), fd.TensorDict({"x": local(x), "y": local(y)}, [8]), None
+    )
+    sp = fd.optim.chain(*tail)
+    q, _, _ = fd.train_step(functd_loss(model), sp)(
+        params0, sp.init(params0), fd.TensorDict({"x": x, "y": y}, [16]), None
+    )
+    close(p, q)
+
+
+@check
+def fit_data_parallel_equals_single_process():
+    net = make_net()
+    model = fd.Module(net, in_keys=["x"], out_keys=["y"])
+    init = fd.from_module(net)
+    # the ranks start from different params: fit broadcasts rank 0's
+    params0 = init if RANK == 0 else fd.tree.map(torch.zeros_like, init)
+    batches = [fd.TensorDict({"x": x, "y": y}, [16]) for x, y in data(3)]
+    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2))
+    step = fd.train_step(functd_loss(model), opt)
+    path = os.path.join(OUT, "ckpt.pt")
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        p, _, hist = fd.fit(
+            step,
+            params0,
+            opt.init(params0),
+            batches,
+            epochs=2,
+            progress=True,
+            data_parallel=True,
+            checkpoint=path,
+        )
+    single = fd.train_step(functd_loss(model), fd.optim.adam(1e-2))
+    q, _, h1 = fd.fit(
+        single, init, fd.optim.adam(1e-2).init(init), batches, epochs=2, progress=False
+    )
+    close(p, q)
+    close(hist["loss"], h1["loss"])
+    printed = buf.getvalue()
+    assert ("epoch 2/2" in printed) == (RANK == 0), printed  # rank 0 prints, alone
+    saved = fd.load(path, map_location="cpu")
+    close(saved["params"], q)
+    assert int(saved["epoch"]) == 2
+
+
+@check
+def compiled_step_equals_eager():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    net = make_net((8, 4, 1))
+    model = fd.Module(net, in_keys=["x"], out_keys=["y"])
+    params0 = fd.from_module(net)
+    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.sgd(0.1))
+    step = fd.train_step(functd_loss(model), opt)
+    ((x, y),) = data(1)
+    batch = fd.TensorDict({"x": local(x), "y": local(y)}, [8])
+    eager, _, _ = step(params0, opt.init(params0), batch, None)
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
+    got, _, _ = compiled(params0, opt.init(params0), batch, None)
+    close(got, eager)
+
+
+# ------------------------------------------------------------------ bad input
+def expect(exc, fn):
+    try:
+        fn()
+    except exc as e:
+        return str(e)
+    raise AssertionError(f"no {exc.__name__} raised")
+
+
+@check
+def bad_different_keys():
+    t = {"a": torch.ones(3), ("b" if RANK == 0 else "c"): torch.ones(2)}
+    return expect(ValueError, lambda: fd.distributed.all_reduce(t))
+
+
+@check
+def bad_different_shapes():
+    t = fd.TensorDict({"a": torch.ones(3), "w": torch.ones(2, 3 + RANK)}, [])
+    return expect(ValueError, lambda: fd.distributed.all_reduce(t, op="sum"))
+
+
+@check
+def bad_fit_batch_not_divisible():
+    model = fd.Module(make_net((8, 1)), in_keys=["x"], out_keys=["y"])
+    params = model.init(fd.random.key(0))
+    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.sgd(0.1))
+    step = fd.train_step(functd_loss(model), opt)
+    batches = [fd.TensorDict({"x": torch.ones(5, 8), "y": torch.ones(5, 1)}, [5])]
+    return expect(
+        ValueError,
+        lambda: fd.fit(step, params, opt.init(params), batches, data_parallel=True, progress=False),
+    )
+
+
+@check
+def bad_fit_without_pmean():
+    model = fd.Module(make_net((8, 1)), in_keys=["x"], out_keys=["y"])
+    params = model.init(fd.random.key(0))
+    step = fd.train_step(functd_loss(model), fd.optim.sgd(0.1))
+    state = fd.optim.sgd(0.1).init(params)
+    return expect(ValueError, lambda: fd.fit(step, params, state, [], data_parallel=True))
+
+
+def main() -> None:
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{PORT}",
+        rank=RANK,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=60),
+    )
+    results = {}
+    for fn in CHECKS:
+        try:
+            results[fn.__name__] = {"ok": True, "value": fn()}
+        except Exception as e:
+            results[fn.__name__] = {
+                "ok": False,
+                "type": type(e).__name__,
+                "message": str(e),
+                "traceback": traceback.format_exc(),
+            }
+        dist.barrier()
+    with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
+        json.dump(results, f)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
