@@ -74,18 +74,19 @@ def _check_device(group: Any, leaves: list[torch.Tensor]) -> torch.device:
 
 
 def check_structure(
-    where: str, group: Any, world: int, tree: Any, spec: Any, leaves: list, check: Any
+    where: str, group: Any, world: int, tree: Any, layout: tuple, leaves: list, check: Any
 ) -> None:
     """Raise the same ``ValueError`` on every rank when the ranks' trees differ.
 
-    ``check``: ``"first"`` (once per structure and group), ``True`` (every call)
-    or ``False`` (never).
+    ``layout`` is ``(treespec, ((shape, dtype, device), ...))``; ``check``:
+    ``"first"`` (once per layout and group), ``True`` (every call) or ``False``.
     """
     if check is False or world == 1:
         return
     if check not in ("first", True):
         raise ValueError(f"{where}: check must be 'first', True or False, got {check!r}.")
-    key = (spec, tuple((x.shape, x.dtype, x.device.type) for x in leaves))
+    key = layout
+    spec = layout[0]
     seen = _verified.get(group)
     if check == "first" and seen is not None and key in seen:
         return
