@@ -6,8 +6,10 @@ with the batch TensorDict built inside the timed call; the peer is
 ``torch.nn.parallel.DistributedDataParallel`` + ``torch.optim.Adam`` (zero_grad,
 forward, backward, step). Both run in the same processes, in interleaved rounds
 of fixed length (the ranks must issue the same collectives in the same order,
-so no autorange); the time of a round is the slower rank's. A second column
-checks the result: params after 10 float64 Adam steps against DDP's.
+so no autorange); the time of a round is the slower rank's. The last column
+checks the result: params after 10 float64 Adam steps against DDP's. The last
+row is the cost of the cross-rank structure check if it ran on every call
+(``all_reduce(grads, check=True)`` against the default ``check="first"``).
 
 Run: ``python benchmarks/data_parallel.py`` (starts its 2 processes itself, on
 127.0.0.1). ``BENCH_ROUNDS`` and ``BENCH_STEPS`` change the rounds and steps
@@ -123,7 +125,19 @@ def worker(rank: int, port: int, queue) -> None:
                     run_ddp(ddp, topt, x, y, STEPS)
                     theirs.append(slowest(time.perf_counter() - t0) / STEPS)
         f, d = statistics.median(ours) * 1e6, statistics.median(theirs) * 1e6
-        rows.append([name, round(f), round(d), f / d, f"{err:.1e}"])
+        rows.append([name, "functd step", "DDP + Adam", round(f), round(d), f / d, f"{err:.1e}"])
+    # the cost of the cross-rank structure check when it runs on every call
+    grads = state[0]
+    every, first = [], []
+    for r in range(ROUNDS):
+        for check in (True, "first") if r % 2 == 0 else ("first", True):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(STEPS):
+                fd.distributed.all_reduce(grads, check=check)
+            (every if check is True else first).append(slowest(time.perf_counter() - t0) / STEPS)
+    e, f = statistics.median(every) * 1e6, statistics.median(first) * 1e6
+    rows.append([name, "all_reduce check=True", "check='first'", round(e), round(f), e / f, ""])
     if rank == 0:
         queue.put(rows)
     dist.destroy_process_group()
@@ -141,7 +155,7 @@ def main() -> None:
     print(f"# data-parallel step, {WORLD} gloo ranks, batch {BATCH} ({machine()}, load {load:.1f})")
     print(
         table(
-            ["model", "functd us/step", "DDP+Adam us/step", "ratio", "max |params - DDP| f64"],
+            ["model", "row", "peer", "us", "peer us", "ratio", "max |params - DDP| f64"],
             rows,
         )
     )

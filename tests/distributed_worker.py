@@ -241,6 +241,34 @@ def compiled_step_equals_eager():
     close(got, eager)
 
 
+@check
+def pmean_resolves_partial_dtensor_grads():
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Partial, Replicate
+
+    mesh = init_device_mesh("cpu", (WORLD,))
+    g = torch.arange(6.0).reshape(2, 3) + 10 * RANK  # this rank's partial sum
+    plain = torch.full((2,), float(RANK))
+    grads = fd.TensorDict(
+        {
+            "partial": DTensor.from_local(g, mesh, [Partial()]),
+            "replicated": DTensor.from_local(torch.ones(3), mesh, [Replicate()]),
+            "plain": plain,
+        },
+        [],
+    )
+    tx = fd.distributed.pmean()
+    out, _ = tx.update(grads, tx.init(fd.TensorDict({"w": torch.ones(1)}, [])))
+    part = out["partial"]
+    assert part.placements == (Replicate(),)
+    # the sum over ranks (the gradient of the global loss), not divided again
+    want = sum(torch.arange(6.0).reshape(2, 3) + 10 * r for r in range(WORLD))
+    close(part.to_local(), want)
+    assert out["replicated"] is grads["replicated"]
+    close(out["plain"], torch.full((2,), sum(range(WORLD)) / WORLD))
+    assert grads["partial"].placements == (Partial(),)  # purity
+
+
 # ------------------------------------------------------------------ bad input
 def expect(exc, fn):
     try:
@@ -282,6 +310,20 @@ def bad_fit_without_pmean():
     step = fd.train_step(functd_loss(model), fd.optim.sgd(0.1))
     state = fd.optim.sgd(0.1).init(params)
     return expect(ValueError, lambda: fd.fit(step, params, state, [], data_parallel=True))
+
+
+@check
+def bad_arguments():
+    odd = fd.TensorDict({"w": torch.ones(3, 2)}, [3])
+    return [
+        expect(ValueError, lambda: fd.distributed.reduce_scatter(odd)),
+        expect(ValueError, lambda: fd.distributed.all_reduce(odd, op="avg")),
+        expect(
+            TypeError, lambda: fd.distributed.all_reduce({"n": torch.ones(2, dtype=torch.int64)})
+        ),
+        expect(TypeError, lambda: fd.distributed.all_reduce({"n": 3.0})),
+        expect(ValueError, lambda: fd.distributed.broadcast(odd, src=WORLD)),
+    ]
 
 
 def main() -> None:

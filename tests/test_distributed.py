@@ -89,6 +89,10 @@ def test_fit_data_parallel_equals_single_process(report):
     _ok(report, "fit_data_parallel_equals_single_process")
 
 
+def test_pmean_resolves_partial_dtensor_grads(report):
+    _ok(report, "pmean_resolves_partial_dtensor_grads")
+
+
 @pytest.mark.compile
 def test_compiled_step_with_pmean_equals_eager(report):
     _ok(report, "compiled_step_equals_eager")
@@ -113,6 +117,15 @@ def test_fit_batch_not_divisible_by_world_size(report):
 def test_fit_data_parallel_needs_a_reducing_optimizer(report):
     for msg in _ok(report, "bad_fit_without_pmean"):
         assert "fd.distributed.pmean() first" in msg
+
+
+def test_bad_arguments_are_clear_errors(report):
+    for scatter, op, mean_int, not_tensor, src in _ok(report, "bad_arguments"):
+        assert "'w' has shape [3, 2]" in scatter and "divisible by the world size 2" in scatter
+        assert "op must be one of" in op and "'avg'" in op
+        assert "op='mean' needs floating-point leaves" in mean_int and "op='sum'" in mean_int
+        assert "leaf at 'n' is a float, not a tensor" in not_tensor
+        assert "src must be a rank in [0, 2)" in src
 
 
 # ------------------------------------------------------------------ in this process
