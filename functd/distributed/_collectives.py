@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from .._td import TensorDict
@@ -37,14 +38,7 @@ OPS = ("mean", "sum", "max", "min")
 _DEFAULT_CAP_MB = 25.0
 
 
-def _dist():
-    import torch.distributed as dist
-
-    return dist
-
-
 def _reduce_op(where: str, op: str):
-    dist = _dist()
     table = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM}
     table.update(max=dist.ReduceOp.MAX, min=dist.ReduceOp.MIN)
     if op not in table:
@@ -147,8 +141,8 @@ _plans: dict = {}  # (structure, cap) -> buckets; bounded, holds no tensors
 _MAX_PLANS = 256
 
 
-def _prepare(where, tree, group, check, cap_mb):
-    leaves, spec = _flatten(where, tree)
+def _prepare(where, tree, group, check, cap_mb, flat=None):
+    leaves, spec = _flatten(where, tree) if flat is None else flat
     g, world, rank = resolve(where, group)
     if torch.compiler.is_compiling():
         return leaves, spec, g, world, rank, _buckets(where, leaves, cap_mb)
@@ -224,9 +218,14 @@ def all_reduce(
     Example:
         >>> grads = fd.distributed.all_reduce(grads)  # the mean over the ranks
     """
-    where = "fd.distributed.all_reduce"
+    return _all_reduce("fd.distributed.all_reduce", tree, op, group, bucket_cap_mb, check)
+
+
+def _all_reduce(where, tree, op, group, bucket_cap_mb, check, given=None):
+    """``all_reduce``; ``given``: the ``(leaves, treespec)`` of ``tree`` when the
+    caller has them (pmean: a TensorDict of plain tensors, already checked)."""
     rop = _reduce_op(where, op)
-    leaves, spec, g, world, _, buckets = _prepare(where, tree, group, check, bucket_cap_mb)
+    leaves, spec, g, world, _, buckets = _prepare(where, tree, group, check, bucket_cap_mb, given)
     _check_mean(where, op, leaves)
     out: list = [None] * len(leaves)
     if torch.compiler.is_compiling():
@@ -238,8 +237,7 @@ def all_reduce(
                 flat = flat / world
             name = "sum" if op == "mean" else op
             _unpack(funcol.wait_tensor(funcol.all_reduce(flat, name, g)), b, out)
-        return _rebuild(tree, spec, out)
-    dist = _dist()
+        return out if given is not None else _rebuild(tree, spec, out)
     flats = [_pack(leaves, b) for b in buckets]
     if world > 1:
         if op == "mean":
@@ -247,7 +245,7 @@ def all_reduce(
         _issue(dist.all_reduce, [(f,) for f in flats], rop, group=g)
     for flat, b in zip(flats, buckets):
         _unpack(flat, b, out)
-    return _rebuild(tree, spec, out)
+    return out if given is not None else _rebuild(tree, spec, out)
 
 
 # ------------------------------------------------------------------ broadcast
@@ -273,7 +271,6 @@ def broadcast(
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < world:
         raise ValueError(f"{where}: src must be a rank in [0, {world}), got {src!r}.")
     out: list = [None] * len(leaves)
-    dist = _dist()
     if torch.compiler.is_compiling():
         import torch.distributed._functional_collectives as funcol
 
@@ -317,7 +314,6 @@ def all_gather(
             flat = funcol.wait_tensor(funcol.all_gather_tensor(_pack(leaves, b), 0, g))
             _unpack(flat.view(world, b.numel), b, out, (world,))
         return fdtree.unflatten(spec, out)
-    dist = _dist()
     pairs = []
     for b in buckets:
         flat = _pack(leaves, b) if len(b.idx) > 1 else leaves[b.idx[0]].reshape(-1)
@@ -377,7 +373,6 @@ def reduce_scatter(
                 flat = flat / world
             _unpack(funcol.wait_tensor(funcol.reduce_scatter_tensor(flat, name, 0, g)), s, out)
         return fdtree.unflatten(spec, out)
-    dist = _dist()
     pairs = []
     for s in shards:
         flat = s.pack(leaves)

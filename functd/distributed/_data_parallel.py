@@ -25,9 +25,10 @@ from typing import Any
 
 from torch import Tensor
 
+from .._tree import tree as fdtree
 from ..optim import _leaves as L
 from ..optim._base import GradientTransformation, transformation
-from ._collectives import _DEFAULT_CAP_MB, _is_dtensor, all_reduce
+from ._collectives import _DEFAULT_CAP_MB, _all_reduce, _is_dtensor, all_reduce
 
 __all__ = ["pmean", "psum", "resolve_partial"]
 
@@ -56,17 +57,21 @@ def _init(params, *, name: str, **hp: Any):
 def _update(updates, state, params=None, *, name: str, op: str, group: Any, bucket_cap_mb):
     where = f"fd.distributed.{name}.update"
     L.check_state(where, state, ())
-    leaves, spec = L.flatten(where, "grads", updates)
+    L.flatten(where, "grads", updates)  # a TensorDict, else a clear TypeError
+    leaves, spec = fdtree.flatten(updates)
+    dtensors = [i for i, x in enumerate(leaves) if _is_dtensor(x)]
+    if not dtensors:  # the common case: one bucketed all-reduce, named errors
+        out = _all_reduce(where, updates, op, group, bucket_cap_mb, "first", (leaves, spec))
+        return L.unflatten(updates, out), state
     out = list(leaves)
+    for i in dtensors:
+        out[i] = resolve_partial(leaves[i])
     plain = [i for i, x in enumerate(leaves) if not _is_dtensor(x)]
-    for i, x in enumerate(leaves):
-        if _is_dtensor(x):
-            out[i] = resolve_partial(x)
     if plain:
         reduced = all_reduce([leaves[i] for i in plain], op, group, bucket_cap_mb=bucket_cap_mb)
         for i, r in zip(plain, reduced):
             out[i] = r
-    return L.unflatten(spec, out), state
+    return L.unflatten(updates, out), state
 
 
 def pmean(group: Any = None, *, bucket_cap_mb: float = _DEFAULT_CAP_MB) -> GradientTransformation:

@@ -22,17 +22,13 @@ import weakref
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 __all__ = ["check_structure", "resolve"]
 
 _MAX_CACHED = 256  # verified structures kept per group (cleared when full)
 _verified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _dist():
-    import torch.distributed as dist
-
-    return dist
+_sizes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> (world, rank)
 
 
 def resolve(where: str, group: Any) -> tuple[Any, int, int]:
@@ -42,7 +38,6 @@ def resolve(where: str, group: Any) -> tuple[Any, int, int]:
         RuntimeError: torch.distributed is unavailable or no process group is
             initialised; the message says how to start one.
     """
-    dist = _dist()
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(
             f"{where}: no torch.distributed process group is initialised. Launch the script "
@@ -52,7 +47,12 @@ def resolve(where: str, group: Any) -> tuple[Any, int, int]:
             "world_size=1, init_method='tcp://127.0.0.1:29500') works too."
         )
     g = dist.group.WORLD if group is None else group
-    return g, dist.get_world_size(g), dist.get_rank(g)
+    if torch.compiler.is_compiling():
+        return g, dist.get_world_size(g), dist.get_rank(g)
+    sizes = _sizes.get(g)
+    if sizes is None:
+        sizes = _sizes[g] = (dist.get_world_size(g), dist.get_rank(g))
+    return g, *sizes
 
 
 def _describe(x: torch.Tensor) -> str:
@@ -67,7 +67,6 @@ def _fingerprint(spec: Any, leaves: list[torch.Tensor]) -> int:
 
 
 def _check_device(group: Any, leaves: list[torch.Tensor]) -> torch.device:
-    dist = _dist()
     if dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -90,7 +89,6 @@ def check_structure(
     seen = _verified.get(group)
     if check == "first" and seen is not None and key in seen:
         return
-    dist = _dist()
     mine = torch.tensor([_fingerprint(spec, leaves)], dtype=torch.int64)
     mine = mine.to(_check_device(group, leaves))
     every = torch.empty(world, dtype=torch.int64, device=mine.device)
@@ -106,7 +104,6 @@ def check_structure(
 def _raise_mismatch(where, group, world, tree, leaves, prints) -> None:
     from .._tree import tree as fdtree
 
-    dist = _dist()
     paths = [".".join(map(str, p)) or "<root>" for p in fdtree.paths(tree)]
     desc = [(p, _describe(x)) for p, x in zip(paths, leaves)]
     everyone: list = [None] * world
