@@ -16,6 +16,7 @@ import itertools
 import json
 import os
 import sys
+import time
 import traceback
 
 import torch
@@ -269,6 +270,22 @@ def pmean_resolves_partial_dtensor_grads():
     assert grads["partial"].placements == (Partial(),)  # purity
 
 
+@check
+def compiled_collectives_equal_eager():
+    def f(t):
+        return (
+            fd.distributed.broadcast(t, src=1),
+            fd.distributed.all_gather(t),
+            fd.distributed.reduce_scatter(t, op="sum"),
+            fd.distributed.all_reduce(t, op="max"),
+        )
+
+    t = tree_for(RANK)
+    t = {"td": t["td"], "f32": t["f32"]}
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    close(compiled(t), f(t))
+
+
 # ------------------------------------------------------------------ bad input
 def expect(exc, fn):
     try:
@@ -336,6 +353,7 @@ def main() -> None:
     )
     results = {}
     for fn in CHECKS:
+        start = time.perf_counter()
         try:
             results[fn.__name__] = {"ok": True, "value": fn()}
         except Exception as e:
@@ -345,6 +363,7 @@ def main() -> None:
                 "message": str(e),
                 "traceback": traceback.format_exc(),
             }
+        results[fn.__name__]["seconds"] = round(time.perf_counter() - start, 2)
         dist.barrier()
     with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
         json.dump(results, f)

@@ -98,6 +98,11 @@ def test_compiled_step_with_pmean_equals_eager(report):
     _ok(report, "compiled_step_equals_eager")
 
 
+@pytest.mark.compile
+def test_compiled_collectives_equal_eager(report):
+    _ok(report, "compiled_collectives_equal_eager")
+
+
 def test_different_keys_across_ranks_is_an_error_on_every_rank(report):
     for msg in _ok(report, "bad_different_keys"):
         assert "ranks passed different trees" in msg
@@ -154,6 +159,21 @@ def test_pmean_without_process_group_and_fit_data_parallel_without_one():
     step = fd.train_step(lambda p, b, k: (p["w"] ** 2).sum(), opt)
     with pytest.raises(RuntimeError, match=r"fd.fit\(data_parallel=True\).*torchrun"):
         fd.fit(step, params, opt.init(params), [None], data_parallel=True)
+
+
+def test_fit_checkpoint_in_one_process_is_loadable(tmp_path):
+    params = fd.TensorDict({"w": torch.ones(2)}, [])
+    opt = fd.optim.sgd(0.5)
+    step = fd.train_step(lambda p, b, k: (p["w"] ** 2).sum(), opt)
+    path = tmp_path / "ckpt.pt"
+    p, s, _ = fd.fit(
+        step, params, opt.init(params), [None, None], epochs=2, progress=False, checkpoint=path
+    )
+    saved = fd.load(path)
+    fd.testing.assert_close(saved["params"], p)
+    fd.testing.assert_close(saved["opt_state"], s)
+    assert int(saved["epoch"]) == 2
+    fd.testing.assert_close(p["w"], torch.zeros(2))  # w - 0.5 * 2w, twice
 
 
 def test_pmean_is_a_stateless_value():
