@@ -6,7 +6,9 @@ with the batch TensorDict built inside the timed call; the peer is
 ``torch.nn.parallel.DistributedDataParallel`` + ``torch.optim.Adam`` (zero_grad,
 forward, backward, step). Both run in the same processes, in interleaved rounds
 of fixed length (the ranks must issue the same collectives in the same order,
-so no autorange); the time of a round is the slower rank's. The last column
+so no autorange); the time of a round is the slower rank's; the ratio is the
+median over rounds of the ratio of a round's two adjacent measurements (which
+cancels most of the drift of a shared machine's load). The last column
 checks the result: params after 10 float64 Adam steps against DDP's. The last
 row is the cost of the cross-rank structure check if it ran on every call
 (``all_reduce(grads, check=True)`` against the default ``check="first"``).
@@ -38,8 +40,8 @@ from _common import machine, table
 
 WORLD = 2
 BATCH = 64
-ROUNDS = int(os.environ.get("BENCH_ROUNDS", "15"))
-STEPS = int(os.environ.get("BENCH_STEPS", "40"))
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
+STEPS = int(os.environ.get("BENCH_STEPS", "20"))
 MODELS = {"small MLP 8-32-32-1": (8, 32, 32, 1), "large MLP 64-256-256-8": (64, 256, 256, 8)}
 
 
@@ -125,7 +127,8 @@ def worker(rank: int, port: int, queue) -> None:
                     run_ddp(ddp, topt, x, y, STEPS)
                     theirs.append(slowest(time.perf_counter() - t0) / STEPS)
         f, d = statistics.median(ours) * 1e6, statistics.median(theirs) * 1e6
-        rows.append([name, "functd step", "DDP + Adam", round(f), round(d), f / d, f"{err:.1e}"])
+        ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+        rows.append([name, "functd step", "DDP + Adam", round(f), round(d), ratio, f"{err:.1e}"])
     # the cost of the cross-rank structure check when it runs on every call
     grads = state[0]
     every, first = [], []
@@ -137,7 +140,8 @@ def worker(rank: int, port: int, queue) -> None:
                 fd.distributed.all_reduce(grads, check=check)
             (every if check is True else first).append(slowest(time.perf_counter() - t0) / STEPS)
     e, f = statistics.median(every) * 1e6, statistics.median(first) * 1e6
-    rows.append([name, "all_reduce check=True", "check='first'", round(e), round(f), e / f, ""])
+    ratio = statistics.median(a / b for a, b in zip(every, first))
+    rows.append([name, "all_reduce check=True", "check='first'", round(e), round(f), ratio, ""])
     if rank == 0:
         queue.put(rows)
     dist.destroy_process_group()

@@ -225,7 +225,9 @@ def fit_data_parallel_equals_single_process():
 
 
 @check
-def compiled_step_equals_eager():
+def compiled_step_and_collectives_equal_eager():
+    """One compiled function (one trace, fullgraph: no graph break): a train step
+    with pmean, and the four collectives."""
     import torch._dynamo
 
     torch._dynamo.reset()
@@ -236,10 +238,20 @@ def compiled_step_equals_eager():
     step = fd.train_step(functd_loss(model), opt)
     ((x, y),) = data(1)
     batch = fd.TensorDict({"x": local(x), "y": local(y)}, [8])
-    eager, _, _ = step(params0, opt.init(params0), batch, None)
-    compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
-    got, _, _ = compiled(params0, opt.init(params0), batch, None)
-    close(got, eager)
+    t = tree_for(RANK)
+    t = {"td": t["td"], "f32": t["f32"]}
+
+    def f(params, state, batch, t):
+        return step(params, state, batch, None)[0], (
+            fd.distributed.broadcast(t, src=1),
+            fd.distributed.all_gather(t),
+            fd.distributed.reduce_scatter(t, op="sum"),
+            fd.distributed.all_reduce(t, op="max"),
+        )
+
+    eager = f(params0, opt.init(params0), batch, t)
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    close(compiled(params0, opt.init(params0), batch, t), eager)
 
 
 @check
@@ -268,22 +280,6 @@ def pmean_resolves_partial_dtensor_grads():
     assert out["replicated"] is grads["replicated"]
     close(out["plain"], torch.full((2,), sum(range(WORLD)) / WORLD))
     assert grads["partial"].placements == (Partial(),)  # purity
-
-
-@check
-def compiled_collectives_equal_eager():
-    def f(t):
-        return (
-            fd.distributed.broadcast(t, src=1),
-            fd.distributed.all_gather(t),
-            fd.distributed.reduce_scatter(t, op="sum"),
-            fd.distributed.all_reduce(t, op="max"),
-        )
-
-    t = tree_for(RANK)
-    t = {"td": t["td"], "f32": t["f32"]}
-    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
-    close(compiled(t), f(t))
 
 
 # ------------------------------------------------------------------ bad input
@@ -340,6 +336,7 @@ def bad_arguments():
         ),
         expect(TypeError, lambda: fd.distributed.all_reduce({"n": 3.0})),
         expect(ValueError, lambda: fd.distributed.broadcast(odd, src=WORLD)),
+        expect(TypeError, lambda: torch.func.vmap(fd.distributed.all_reduce)(odd)),
     ]
 
 

@@ -94,13 +94,8 @@ def test_pmean_resolves_partial_dtensor_grads(report):
 
 
 @pytest.mark.compile
-def test_compiled_step_with_pmean_equals_eager(report):
-    _ok(report, "compiled_step_equals_eager")
-
-
-@pytest.mark.compile
-def test_compiled_collectives_equal_eager(report):
-    _ok(report, "compiled_collectives_equal_eager")
+def test_compiled_step_with_pmean_and_collectives_equal_eager(report):
+    _ok(report, "compiled_step_and_collectives_equal_eager")
 
 
 def test_different_keys_across_ranks_is_an_error_on_every_rank(report):
@@ -125,12 +120,13 @@ def test_fit_data_parallel_needs_a_reducing_optimizer(report):
 
 
 def test_bad_arguments_are_clear_errors(report):
-    for scatter, op, mean_int, not_tensor, src in _ok(report, "bad_arguments"):
+    for scatter, op, mean_int, not_tensor, src, vmapped in _ok(report, "bad_arguments"):
         assert "'w' has shape [3, 2]" in scatter and "divisible by the world size 2" in scatter
         assert "op must be one of" in op and "'avg'" in op
         assert "op='mean' needs floating-point leaves" in mean_int and "op='sum'" in mean_int
         assert "leaf at 'n' is a float, not a tensor" in not_tensor
         assert "src must be a rank in [0, 2)" in src
+        assert "inside torch.func.vmap/grad" in vmapped and "after the vmap" in vmapped
 
 
 # ------------------------------------------------------------------ in this process

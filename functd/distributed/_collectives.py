@@ -141,11 +141,21 @@ _plans: dict = {}  # (structure, cap) -> buckets; bounded, holds no tensors
 _MAX_PLANS = 256
 
 
-def _prepare(where, tree, group, check, cap_mb, flat=None):
-    leaves, spec = _flatten(where, tree) if flat is None else flat
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+
+
+def _prepare(where, tree, group, check, cap_mb, given=None):
+    leaves, spec = _flatten(where, tree) if given is None else given
     g, world, rank = resolve(where, group)
     if torch.compiler.is_compiling():
         return leaves, spec, g, world, rank, _buckets(where, leaves, cap_mb)
+    if any(_is_wrapped(x) for x in leaves):
+        raise TypeError(
+            f"{where}: called inside torch.func.vmap/grad (fd.vmap, fd.grad); process-group "
+            "collectives have no batching rule. Reduce outside the transform: vmap the step "
+            "without fd.distributed.pmean() in its optimizer, or all-reduce the stacked "
+            "results after the vmap."
+        )
     layout = (spec, tuple((x.shape, x.dtype, x.device) for x in leaves))
     check_structure(where, g, world, tree, layout, leaves, check)
     plan = _plans.get((layout, cap_mb))
