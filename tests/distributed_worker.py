@@ -108,7 +108,57 @@ def broadcast_all_gather_reduce_scatter():
     )
     close(rs, want)
     assert rs["td"].batch_size == torch.Size([n])
+    floats = {"td": mine["td"], "f32": mine["f32"]}
+    for op, ref in [("mean", lambda s: s.mean(0)), ("max", lambda s: s.amax(0))]:
+        got = fd.distributed.reduce_scatter(floats, op=op, bucket_cap_mb=1e-4)
+        full = fd.tree.map(
+            lambda *xs, ref=ref: ref(torch.stack(xs)),
+            *[{"td": e["td"], "f32": e["f32"]} for e in everyone],
+        )
+        close(
+            got, fd.tree.map(lambda x: x[RANK * x.shape[0] // WORLD :][: x.shape[0] // WORLD], full)
+        )
     close(mine, before, dict(rtol=0, atol=0))
+
+
+@check
+def laws_on_random_trees():
+    """On 12 seeded random trees (the same seeds on every rank): all_gather of
+    reduce_scatter is all_reduce (the split rule), broadcast from r is all_gather's
+    entry r, and the bucket cap does not change any result."""
+    for seed in range(12):
+        g = torch.Generator().manual_seed(seed)  # the layout: the same on every rank
+        n = 2 * int(torch.randint(1, 4, (1,), generator=g))
+        shapes = [
+            (
+                n,
+                *torch.randint(
+                    1, 4, (int(torch.randint(0, 3, (1,), generator=g)),), generator=g
+                ).tolist(),
+            )
+            for _ in range(int(torch.randint(1, 5, (1,), generator=g)))
+        ]
+        dtypes = [
+            (torch.float32, torch.float64)[int(torch.randint(0, 2, (1,), generator=g))]
+            for _ in shapes
+        ]
+        cap = float(torch.rand((), generator=g)) * 1e-4
+        v = torch.Generator().manual_seed(1000 * seed + RANK)  # the values: per rank
+        t = {
+            f"k{i}": torch.randn(s, generator=v, dtype=d)
+            for i, (s, d) in enumerate(zip(shapes, dtypes))
+        }
+        td = fd.TensorDict(t, [n])
+        for op in ("sum", "max"):
+            full = fd.distributed.all_reduce(td, op=op)
+            close(fd.distributed.all_reduce(td, op=op, bucket_cap_mb=cap), full)
+            parts = fd.distributed.all_gather(
+                fd.distributed.reduce_scatter(td, op=op, bucket_cap_mb=cap)
+            )
+            close(fd.tree.map(lambda x: x.reshape(-1, *x.shape[2:]), parts), full)
+        every = fd.distributed.all_gather(td, bucket_cap_mb=cap)
+        for src in range(WORLD):
+            close(fd.distributed.broadcast(td, src=src), every[src], dict(rtol=0, atol=0))
 
 
 # ------------------------------------------------------------------ data parallel vs DDP

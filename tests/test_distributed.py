@@ -77,6 +77,10 @@ def test_broadcast_all_gather_reduce_scatter(report):
     _ok(report, "broadcast_all_gather_reduce_scatter")
 
 
+def test_laws_on_random_trees(report):
+    _ok(report, "laws_on_random_trees")
+
+
 def test_pmean_adam_equals_ddp_and_single_process(report):
     _ok(report, "pmean_adam_equals_ddp_and_single_process")
 
