@@ -71,7 +71,7 @@ def _is_dtensor(x: Tensor) -> bool:
 
 
 class _Bucket:
-    __slots__ = ("_like", "idx", "numel", "shapes", "sizes")
+    __slots__ = ("_like", "floating", "idx", "numel", "shapes", "sizes")
 
     def __init__(self, idx: list[int], leaves: list[Tensor]) -> None:
         self.idx = idx
@@ -79,6 +79,7 @@ class _Bucket:
         self.sizes = [leaves[i].numel() for i in idx]
         self.numel = sum(self.sizes)
         self._like = None
+        self.floating = False  # set on the first bucket of a plan: all leaves floating
 
     @property
     def like(self) -> list[Tensor]:
@@ -161,6 +162,8 @@ def _prepare(where, tree, group, check, cap_mb, given=None):
     plan = _plans.get((layout, cap_mb))
     if plan is None:
         plan = _buckets(where, leaves, cap_mb)
+        if plan and all(x.is_floating_point() or x.is_complex() for x in leaves):
+            plan[0].floating = True  # op="mean" needs no per-call dtype check
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[(layout, cap_mb)] = plan
@@ -175,8 +178,8 @@ def _rebuild(tree: Any, spec: Any, out: list) -> Any:
     return fdtree.unflatten(spec, out)
 
 
-def _check_mean(where: str, op: str, leaves: list[Tensor]) -> None:
-    if op == "mean":
+def _check_mean(where: str, op: str, leaves: list[Tensor], buckets: list) -> None:
+    if op == "mean" and not (buckets and getattr(buckets[0], "floating", False)):
         for x in leaves:
             if not (x.is_floating_point() or x.is_complex()):
                 raise TypeError(
@@ -236,7 +239,7 @@ def _all_reduce(where, tree, op, group, bucket_cap_mb, check, given=None):
     caller has them (pmean: a TensorDict of plain tensors, already checked)."""
     rop = _reduce_op(where, op)
     leaves, spec, g, world, _, buckets = _prepare(where, tree, group, check, bucket_cap_mb, given)
-    _check_mean(where, op, leaves)
+    _check_mean(where, op, leaves, buckets)
     out: list = [None] * len(leaves)
     if torch.compiler.is_compiling():
         import torch.distributed._functional_collectives as funcol
@@ -362,7 +365,7 @@ def reduce_scatter(
     where = "fd.distributed.reduce_scatter"
     rop = _reduce_op(where, op)
     leaves, spec, g, world, _, buckets = _prepare(where, tree, group, check, bucket_cap_mb)
-    _check_mean(where, op, leaves)
+    _check_mean(where, op, leaves, buckets)
     for i, x in enumerate(leaves):
         if x.ndim == 0 or x.shape[0] % world:
             path = ".".join(map(str, fdtree.paths(tree)[i]))

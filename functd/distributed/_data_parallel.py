@@ -25,9 +25,11 @@ from typing import Any
 
 from torch import Tensor
 
+from .._td import TensorDict
 from .._tree import tree as fdtree
 from ..optim import _leaves as L
 from ..optim._base import GradientTransformation, transformation
+from ..optim._errors import not_a_td
 from ._collectives import _DEFAULT_CAP_MB, _all_reduce, _is_dtensor, all_reduce
 
 __all__ = ["pmean", "psum", "resolve_partial"]
@@ -57,7 +59,8 @@ def _init(params, *, name: str, **hp: Any):
 def _update(updates, state, params=None, *, name: str, op: str, group: Any, bucket_cap_mb):
     where = f"fd.distributed.{name}.update"
     L.check_state(where, state, ())
-    L.flatten(where, "grads", updates)  # a TensorDict, else a clear TypeError
+    if not isinstance(updates, TensorDict):
+        raise TypeError(not_a_td(where, "grads", updates))
     leaves, spec = fdtree.flatten(updates)
     dtensors = [i for i, x in enumerate(leaves) if _is_dtensor(x)]
     if not dtensors:  # the common case: one bucketed all-reduce, named errors

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from .._tree import tree as fdtree
-from ._collectives import all_reduce, broadcast
+from ._collectives import _is_dtensor, all_reduce, broadcast
 from ._group import resolve
 
 __all__ = ["DataParallel", "shard_batch"]
@@ -40,7 +40,8 @@ def shard_batch(batch: Any, group: Any = None, *, where: str = "fd.distributed.s
     """This rank's rows of ``batch``: ``[r * B / W, (r + 1) * B / W)`` along dim 0.
 
     ``batch`` is a TensorDict or any pytree; every tensor leaf is sliced (views,
-    nothing copied or written), other leaves are kept. The union over the ranks,
+    nothing copied or written), other leaves (and DTensors, which carry their
+    own sharding) are kept. The union over the ranks,
     in rank order, is ``batch``.
 
     Raises:
@@ -53,7 +54,7 @@ def shard_batch(batch: Any, group: Any = None, *, where: str = "fd.distributed.s
     """
     _, world, rank = resolve(where, group)
     leaves = fdtree.leaves(batch)
-    sizes = {x.shape[0] for x in leaves if isinstance(x, Tensor) and x.ndim > 0}
+    sizes = {x.shape[0] for x in leaves if _cuttable(x)}
     if len(sizes) > 1:
         raise ValueError(
             f"{where}: the tensors of the batch have different first dims {sorted(sizes)}; "
@@ -72,9 +73,13 @@ def shard_batch(batch: Any, group: Any = None, *, where: str = "fd.distributed.s
     lo, hi = rank * n // world, (rank + 1) * n // world
 
     def cut(x):
-        return x[lo:hi] if isinstance(x, Tensor) and x.ndim > 0 else x
+        return x[lo:hi] if _cuttable(x) else x
 
     return fdtree.map(cut, batch)
+
+
+def _cuttable(x: Any) -> bool:
+    return isinstance(x, Tensor) and x.ndim > 0 and not _is_dtensor(x)
 
 
 def _reduces(tx: Any) -> bool:
@@ -106,7 +111,14 @@ class DataParallel:
         return self.rank == 0
 
     def start(self, params: Any, opt_state: Any) -> tuple[Any, Any]:
-        return broadcast((params, opt_state), src=0, group=self.group)
+        """Rank 0's params and state on every rank (DTensor leaves are already
+        placed on their mesh and are kept)."""
+        leaves, spec = fdtree.flatten((params, opt_state))
+        plain = [i for i, x in enumerate(leaves) if not _is_dtensor(x)]
+        sent = broadcast([leaves[i] for i in plain], src=0, group=self.group)
+        for i, x in zip(plain, sent):
+            leaves[i] = x
+        return fdtree.unflatten(spec, leaves)
 
     def batch(self, batch: Any) -> Any:
         return shard_batch(batch, self.group, where=self.where)
