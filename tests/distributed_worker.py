@@ -330,6 +330,13 @@ def pmean_resolves_partial_dtensor_grads():
     assert out["replicated"] is grads["replicated"]
     close(out["plain"], torch.full((2,), sum(range(WORLD)) / WORLD))
     assert grads["partial"].placements == (Partial(),)  # purity
+    # shard_batch slices plain tensors and keeps DTensors (they carry their sharding)
+    from torch.distributed.tensor import Shard
+
+    dx = DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0)])
+    local_rows = fd.distributed.shard_batch({"x": torch.arange(4.0), "d": dx})
+    close(local_rows["x"], torch.arange(4.0)[2 * RANK : 2 * RANK + 2])
+    assert local_rows["d"] is dx
 
 
 # ------------------------------------------------------------------ bad input
