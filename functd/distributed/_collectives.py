@@ -6,7 +6,9 @@ caller's tensors are never written. The leaves are copied into flat buffers,
 one run of buffers per ``(dtype, device)``, each at most ``bucket_cap_mb``
 megabytes (25, DDP's default); one collective a bucket is issued
 asynchronously for all buckets and then all are waited, so the buckets'
-transfers overlap. The results are views into those fresh buffers.
+transfers overlap (a lone bucket runs synchronously, which is cheaper on
+gloo). The bucket plan is cached per tree layout. The results are views into
+those fresh buffers.
 
 Under ``torch.compile`` the same buckets go through torch's functional
 collectives (``torch.distributed._functional_collectives``), which dynamo
