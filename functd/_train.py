@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -142,6 +143,7 @@ def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -
         return apply_updates(params, updates), opt_state, _metrics(where, loss, aux)
 
     step.__doc__ = f"One training step of {where}: (params, opt_state, batch, key) -> (params, opt_state, metrics)."
+    step.optimizer = optimizer  # read by fit(data_parallel=True) to check the grads are reduced
     return step
 
 
@@ -164,6 +166,8 @@ def fit(
     epochs: int = 1,
     progress: bool = True,
     print_every: int = 1,
+    data_parallel: bool = False,
+    checkpoint: str | os.PathLike | None = None,
 ) -> tuple[TensorDict, TensorDict, TensorDict]:
     """Run ``step`` over ``batches`` for ``epochs`` epochs; return the history too.
 
@@ -178,6 +182,19 @@ def fit(
         epochs: number of passes over ``batches``.
         progress: show a progress bar (tqdm when installed) or, without tqdm,
             print one line per ``print_every`` epochs with the mean metrics.
+        data_parallel: train on the ranks of the default torch.distributed
+            process group (launched by ``torchrun``): the params and state are
+            broadcast from rank 0, each rank steps on its rows of every batch
+            (``fd.distributed.shard_batch``: the first dim split into equal
+            parts), its key is ``fold_in(fold_in(key, i), rank)``, the step's
+            optimizer reduces the grads (``fd.distributed.pmean()`` first in
+            the chain: checked for ``fd.train_step`` steps), the metrics are
+            averaged over the ranks at the end of each epoch and only rank 0
+            prints. Off by default, also under torchrun (ranks may train
+            different ensemble members, see notes/distributed.md).
+        checkpoint: a path; after every epoch ``{"params", "opt_state",
+            "epoch"}`` is written there with ``fd.save`` (by rank 0 only when
+            data-parallel); ``fd.load(path, map_location=...)`` reads it anywhere.
 
     Returns:
         ``(params, opt_state, history)``: ``history`` is a TensorDict of batch
@@ -185,7 +202,9 @@ def fit(
 
     Raises:
         ValueError: ``epochs < 1``; an iterator (exhausted after one pass) with
-            ``epochs > 1``; no batches at all.
+            ``epochs > 1``; no batches at all; data-parallel: a batch size the
+            world size does not divide, an optimizer without ``pmean``/``psum``.
+        RuntimeError: ``data_parallel=True`` without a process group.
 
     Example:
         >>> params, opt_state, hist = fd.fit(step, params, opt_state, batches, epochs=10)
@@ -198,6 +217,13 @@ def fit(
             "fd.fit: batches is an iterator, which is exhausted after one epoch; pass a list "
             "or another re-iterable (a DataLoader), or a function epoch -> iterable."
         )
+    dp = None
+    if data_parallel:
+        from .distributed._fit import DataParallel
+
+        dp = DataParallel("fd.fit(data_parallel=True)", step)
+        params, opt_state = dp.start(params, opt_state)
+        progress = progress and dp.main
     history: list[TensorDict] = []
     i = 0
     for epoch in range(epochs):
@@ -207,6 +233,8 @@ def fit(
         start, n0 = time.perf_counter(), len(history)
         for batch in source:
             k = None if key is None else fr.fold_in(key, i)
+            if dp is not None:
+                batch, k = dp.batch(batch), dp.key(k)
             params, opt_state, metrics = step(params, opt_state, batch, k)
             history.append(metrics)
             i += 1
@@ -214,6 +242,10 @@ def fit(
                 bar.update(1)
                 if i % 10 == 0:
                     bar.set_postfix(loss=f"{float(metrics['loss'].mean()):.4g}")
+        if dp is not None:
+            history[n0:] = dp.reduce(history[n0:])
+        if checkpoint is not None:
+            _checkpoint(checkpoint, params, opt_state, epoch, dp)
         if bar is not None:
             bar.close()
         elif progress and ((epoch + 1) % print_every == 0 or epoch + 1 == epochs):
@@ -221,6 +253,15 @@ def fit(
     if not history:
         raise ValueError("fd.fit: batches gave no batch; nothing was trained.")
     return params, opt_state, stack(history)
+
+
+def _checkpoint(path, params, opt_state, epoch: int, dp) -> None:
+    if dp is None or dp.main:
+        from ._io import save
+
+        save({"params": params, "opt_state": opt_state, "epoch": torch.tensor(epoch + 1)}, path)
+    if dp is not None:
+        dp.barrier()  # the file exists for every rank when fit goes on
 
 
 def _print_epoch(epoch: int, epochs: int, metrics: list[TensorDict], seconds: float) -> None:

@@ -1,26 +1,54 @@
 """functd.distributed: pure, tree-shaped collectives on top of torch.distributed.
 
-(Being built; see notes/distributed.md once it lands.)
+torch.distributed is the engine (gloo on CPU, NCCL on GPU, launched by
+``torchrun``); functd adds pure functions over trees: collectives that return
+new trees, data parallelism as an optimizer step, params placed on a
+DeviceMesh by path rules, named axes over ranks and ensembles split across
+ranks. See notes/distributed.md.
+
+Example:
+    >>> import torch.distributed as dist, functd as fd
+    >>> dist.init_process_group("gloo")                 # under torchrun
+    >>> opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3))
+    >>> step = fd.train_step(loss_fn, opt)              # each rank: its shard
+    >>> mean = fd.distributed.all_reduce(metrics, op="mean")
 """
 
-# --- sharded params, named axes over ranks, ensembles across ranks (branch distb) ---
+# collectives and data parallelism
 from .._axes import axis as axis
 from .._dtensor import is_dtensor as is_dtensor
+from ._collectives import all_gather as all_gather
+from ._collectives import all_reduce as all_reduce
+from ._collectives import broadcast as broadcast
+from ._collectives import reduce_scatter as reduce_scatter
+from ._data_parallel import pmean as pmean
+from ._data_parallel import psum as psum
+from ._data_parallel import resolve_partial as resolve_partial
+
+# sharded params, named axes over ranks, ensembles across ranks
 from ._ensemble import gather_members as gather_members
 from ._ensemble import member_slice as member_slice
 from ._ensemble import shard_members as shard_members
+from ._fit import shard_batch as shard_batch
 from ._sharding import gather as gather
 from ._sharding import replicate as replicate
 from ._sharding import shard as shard
 
 __all__: list[str] = [
-    # distb
+    "all_gather",
+    "all_reduce",
     "axis",
+    "broadcast",
     "gather",
     "gather_members",
     "is_dtensor",
     "member_slice",
+    "pmean",
+    "psum",
+    "reduce_scatter",
     "replicate",
+    "resolve_partial",
     "shard",
+    "shard_batch",
     "shard_members",
 ]

@@ -87,15 +87,6 @@ def shard_members(tree: Any, group: Any = None) -> Any:
     return torch_pytree.tree_map(lambda v: v[sl] if isinstance(v, torch.Tensor) else v, tree)
 
 
-def _gather_leaf(v: torch.Tensor, world: int, group: Any) -> torch.Tensor:
-    import torch.distributed as dist
-
-    v = v.contiguous()
-    out = torch.empty((world * v.shape[0], *v.shape[1:]), dtype=v.dtype, device=v.device)
-    dist.all_gather_single(out, v, group=group)
-    return out
-
-
 def gather_members(tree: Any, group: Any = None) -> Any:
     """The full ensemble: every rank's members concatenated along dim 0, in rank order.
 
@@ -106,8 +97,10 @@ def gather_members(tree: Any, group: Any = None) -> Any:
     Example:
         >>> full = fd.distributed.gather_members(local_params)   # [M, ...] everywhere
     """
-    _, w = _rank_world(None, None, group, "fd.distributed.gather_members")
-    # TODO(merge): one bucketed fd.distributed.all_gather (rank dim, then flatten) instead
+    _rank_world(None, None, group, "fd.distributed.gather_members")
+    from ._collectives import all_gather
+
+    every = all_gather(tree, group)  # one bucketed collective: [world, M/world, ...]
     return torch_pytree.tree_map(
-        lambda v: _gather_leaf(v, w, group) if isinstance(v, torch.Tensor) else v, tree
+        lambda v: v.flatten(0, 1) if isinstance(v, torch.Tensor) else v, every
     )

@@ -1,0 +1,183 @@
+"""Data-parallel training step on 2 gloo processes: functd against DDP + torch.optim.
+
+Each rank steps on its half of a batch of 64 rows. functd's step is
+``fd.train_step(loss_fn, fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3)))``
+with the batch TensorDict built inside the timed call; the peer is
+``torch.nn.parallel.DistributedDataParallel`` + ``torch.optim.Adam`` (zero_grad,
+forward, backward, step). Both run in the same processes, in interleaved rounds
+of fixed length (the ranks must issue the same collectives in the same order,
+so no autorange); the time of a round is the slower rank's; the ratio is the
+median over rounds of the ratio of a round's two adjacent measurements (which
+cancels most of the drift of a shared machine's load); "CPU ratio" is the same
+with the processes' CPU time (gloo's threads included), steadier under load. The last column
+checks the result: params after 10 float64 Adam steps against DDP's. The last
+row is the cost of the cross-rank structure check if it ran on every call
+(``all_reduce(grads, check=True)`` against the default ``check="first"``).
+
+Run: ``python benchmarks/data_parallel.py`` (starts its 2 processes itself, on
+127.0.0.1). ``BENCH_ROUNDS`` and ``BENCH_STEPS`` change the rounds and steps
+per round.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+import functd as fd
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _common import machine, table
+
+WORLD = 2
+BATCH = 64
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "30"))
+STEPS = int(os.environ.get("BENCH_STEPS", "20"))
+MODELS = {"small MLP 8-32-32-1": (8, 32, 32, 1), "large MLP 64-256-256-8": (64, 256, 256, 8)}
+
+
+def make_net(sizes, dtype=torch.float32):
+    torch.manual_seed(0)
+    layers = []
+    for a, b in itertools.pairwise(sizes):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return nn.Sequential(*layers[:-1]).to(dtype)
+
+
+def setup(sizes, rank, dtype):
+    net = make_net(sizes, dtype)
+    model = fd.Module(net, in_keys=["x"], out_keys=["y"])
+
+    def loss_fn(params, batch, key):
+        return ((model(params, x=batch["x"]) - batch["y"]) ** 2).mean()
+
+    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3))
+    step = fd.train_step(loss_fn, opt)
+    params = fd.from_module(net)
+    ddp = nn.parallel.DistributedDataParallel(make_net(sizes, dtype))
+    topt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(BATCH, sizes[0], generator=g, dtype=dtype)
+    y = torch.randn(BATCH, sizes[-1], generator=g, dtype=dtype)
+    n = BATCH // WORLD
+    x, y = x[rank * n : (rank + 1) * n], y[rank * n : (rank + 1) * n]
+    return step, params, opt.init(params), ddp, topt, x, y
+
+
+def run_functd(state, step, x, y, steps):
+    params, opt_state = state
+    for _ in range(steps):
+        batch = fd.TensorDict({"x": x, "y": y}, [x.shape[0]])
+        params, opt_state, _ = step(params, opt_state, batch, None)
+    return params, opt_state
+
+
+def run_ddp(ddp, topt, x, y, steps):
+    for _ in range(steps):
+        topt.zero_grad()
+        ((ddp(x) - y) ** 2).mean().backward()
+        topt.step()
+
+
+def slowest(seconds: float) -> float:
+    t = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def worker(rank: int, port: int, queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo",
+        init_method=f"tcp://127.0.0.1:{port}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=datetime.timedelta(seconds=120),
+    )
+    rows = []
+    for name, sizes in MODELS.items():
+        # correctness: 10 float64 Adam steps against DDP
+        step, params, opt_state, ddp, topt, x, y = setup(sizes, rank, torch.float64)
+        params, _ = run_functd((params, opt_state), step, x, y, 10)
+        run_ddp(ddp, topt, x, y, 10)
+        ref = fd.tree.leaves(fd.from_module(ddp.module))
+        err = max(float((a - b).abs().max()) for a, b in zip(fd.tree.leaves(params), ref))
+        # speed, float32
+        step, params, opt_state, ddp, topt, x, y = setup(sizes, rank, torch.float32)
+        state = run_functd((params, opt_state), step, x, y, 5)
+        run_ddp(ddp, topt, x, y, 5)
+        ours, theirs, cpu_ours, cpu_theirs = [], [], [], []
+        for r in range(ROUNDS):
+            for who in ("f", "d") if r % 2 == 0 else ("d", "f"):
+                dist.barrier()
+                t0, c0 = time.perf_counter(), time.process_time()
+                if who == "f":
+                    state = run_functd(state, step, x, y, STEPS)
+                else:
+                    run_ddp(ddp, topt, x, y, STEPS)
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+                (ours if who == "f" else theirs).append(slowest(wall) / STEPS)
+                (cpu_ours if who == "f" else cpu_theirs).append(slowest(cpu) / STEPS)
+        f, d = statistics.median(ours) * 1e6, statistics.median(theirs) * 1e6
+        ratio = statistics.median(a / b for a, b in zip(ours, theirs))
+        cpu = statistics.median(a / b for a, b in zip(cpu_ours, cpu_theirs))
+        rows.append(
+            [name, "functd step", "DDP + Adam", round(f), round(d), ratio, cpu, f"{err:.1e}"]
+        )
+    # the cost of the cross-rank structure check when it runs on every call
+    grads = state[0]
+    every, first = [], []
+    for r in range(ROUNDS):
+        for check in (True, "first") if r % 2 == 0 else ("first", True):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(STEPS):
+                fd.distributed.all_reduce(grads, check=check)
+            (every if check is True else first).append(slowest(time.perf_counter() - t0) / STEPS)
+    e, f = statistics.median(every) * 1e6, statistics.median(first) * 1e6
+    ratio = statistics.median(a / b for a, b in zip(every, first))
+    rows.append([name, "all_reduce check=True", "check='first'", round(e), round(f), ratio, "", ""])
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.start_processes(worker, args=(port, queue), nprocs=WORLD, start_method="spawn")
+    rows = queue.get()
+    load = os.getloadavg()[0]
+    print(f"# data-parallel step, {WORLD} gloo ranks, batch {BATCH} ({machine()}, load {load:.1f})")
+    print(
+        table(
+            [
+                "model",
+                "row",
+                "peer",
+                "us",
+                "peer us",
+                "ratio",
+                "CPU ratio",
+                "max |params - DDP| f64",
+            ],
+            rows,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
