@@ -1,0 +1,208 @@
+"""Fused eager CPU kernels for ``functd.random``: one C call per draw instead of ~500 ops.
+
+The first eligible draw in a process builds ``_fused_c.SOURCE`` with the system C
+compiler (``$CC``, else ``cc``) into a cache folder (``$FUNCTD_CACHE_DIR``, else
+``$XDG_CACHE_HOME/functd`` or ``~/.cache/functd``), keyed by a hash of the source,
+the flags and the CPU, and loads it with ctypes; later processes only load it.
+Where that fails (no compiler, a compile error, an unwritable folder), ONE
+``RuntimeWarning`` names the reason and every draw keeps the pure-op path, which
+gives the same bits. ``FUNCTD_FUSED_RANDOM=0`` chooses the pure path silently.
+
+Only plain eager CPU tensors take the kernel: not under ``torch.func``
+transforms, ``torch.compile``/dynamo, ``torch.jit`` tracing, a dispatch mode
+(FakeTensor) or a function mode (``with torch.device(...)``), nor for meta/CUDA
+keys; there the pure ops run (and the outer transform fuses them).
+See notes/prng.md for the design and figures.
+
+Example:
+    >>> out = run(MODE_UNIT32, functd.random.key(0), (4,), torch.float32)  # None: pure path
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import os
+import pathlib
+import platform
+import shlex
+import shutil
+import subprocess
+import tempfile
+import threading
+import warnings
+
+import torch
+from torch import Tensor
+
+from ._fused_c import SOURCE
+
+# The kernel's modes (the enum at the top of SOURCE).
+MODE_PAIRS, MODE_BITS32, MODE_BITS64, MODE_UNIT32, MODE_NORMAL_PRE = range(5)
+MODE_AFFINE32, MODE_NEG32, MODE_UNIT64, MODE_ERFINV = range(5, 9)
+_FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-math-errno")
+_THREADED = 32768  # the kernel's threshold for splitting a draw over threads
+_NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
+_SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
+
+_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
+_LOCK = threading.Lock()
+_KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else fd_run
+
+
+class _Unavailable(Exception):
+    """Why the kernel cannot be built or loaded (the warning's reason)."""
+
+
+def cache_dir() -> pathlib.Path:
+    """Where built kernels live: ``$FUNCTD_CACHE_DIR`` or the user's cache folder."""
+    if os.environ.get("FUNCTD_CACHE_DIR"):
+        return pathlib.Path(os.environ["FUNCTD_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "functd"
+
+
+def _cpu_tag() -> str:
+    """The CPU's feature flags (a kernel built with -march=native runs only there)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        return platform.processor()
+
+
+def _compile(cc: list[str], march: list[str], folder: pathlib.Path) -> pathlib.Path:
+    """Build (or find) the shared library for these flags; raise _Unavailable on failure."""
+    tag = "\0".join([SOURCE, *cc, *_FLAGS, *march, platform.machine(), _cpu_tag()])
+    lib = folder / f"threefry-{hashlib.sha256(tag.encode()).hexdigest()[:20]}.so"
+    if lib.exists():
+        return lib
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        cmd = [*cc, *_FLAGS, *march, "-x", "c", "-", "-o", tmp]
+        done = subprocess.run(cmd, input=SOURCE, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+            raise _Unavailable(f"`{shlex.join(cmd[:1])}` failed: {last}")
+        os.replace(tmp, lib)  # atomic: concurrent builders never see half a file
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return lib
+
+
+def _build():
+    """Find or build the kernel and load it: ``fd_run`` with its ctypes signature."""
+    cc = shlex.split(os.environ.get("CC") or "cc")
+    if not cc or shutil.which(cc[0]) is None:
+        raise _Unavailable(f"no C compiler: {cc[0] if cc else '$CC'!r} was not found (set CC)")
+    folder = cache_dir()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()  # writable?
+    except OSError as e:
+        raise _Unavailable(f"the cache folder {str(folder)!r} is not writable ({e})") from None
+    try:  # -march=native vectorises the hash for this CPU; some compilers lack it
+        lib = _compile(cc, ["-march=native"], folder)
+    except (_Unavailable, OSError, subprocess.SubprocessError):
+        try:
+            lib = _compile(cc, [], folder)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise _Unavailable(f"compiling the kernel failed ({e})") from None
+    try:
+        fn = ctypes.CDLL(str(lib)).fd_run
+    except (OSError, AttributeError) as e:
+        raise _Unavailable(f"loading {str(lib)!r} failed ({e})") from None
+    i64, ptr, f64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
+    fn.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, f64, f64, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+def _load():
+    """The kernel, built once per process (under a lock); False where unavailable."""
+    global _KERNEL
+    reason = None
+    with _LOCK:
+        if _KERNEL is None:
+            if os.environ.get("FUNCTD_FUSED_RANDOM", "1").strip() in ("0", "false", "off"):
+                _KERNEL = False
+            else:
+                try:
+                    _KERNEL = _build()
+                except _Unavailable as e:
+                    _KERNEL, reason = False, str(e)
+    if reason is not None:
+        warnings.warn(
+            f"functd.random: the fused CPU kernel is unavailable: {reason}. Draws use the "
+            "pure torch-op path (the same bits, slower); set FUNCTD_FUSED_RANDOM=0 to "
+            "choose it without this warning.",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+    return _KERNEL
+
+
+def usable(key: Tensor) -> bool:
+    """Whether a draw from ``key`` may take the kernel: a plain eager CPU tensor."""
+    return (
+        not torch.compiler.is_compiling()  # first: dynamo must see nothing else here
+        and type(key) is Tensor
+        and key.is_cpu
+        and _is_wrapped is not None
+        and _dispatch_modes is not None
+        and not _is_wrapped(key)
+        and not _dispatch_modes()
+        and not torch._C._is_torch_function_mode_enabled()  # e.g. `with torch.device(...)`
+        and torch._C._get_tracing_state() is None
+    )
+
+
+def run(
+    mode: int,
+    key: Tensor,
+    shape: tuple[int, ...],
+    dtype: torch.dtype,
+    a: float = 0.0,
+    b: float = 0.0,
+    first: int = 0,
+) -> Tensor | None:
+    """One kernel call over counters ``first + range(prod(shape))`` of every key in ``key``.
+
+    Returns a fresh ``(*key.shape[:-1], *shape)`` tensor (``MODE_PAIRS``: a trailing 2),
+    or None where the kernel may not serve (the caller runs the pure ops).
+    """
+    if not usable(key) or not (fn := _KERNEL if _KERNEL is not None else _load()):
+        return None
+    key = key.contiguous()
+    n = math.prod(shape)
+    total = n * (key.numel() // 2)
+    dims = (*key.shape[:-1], *shape, 2) if mode == MODE_PAIRS else (*key.shape[:-1], *shape)
+    out = torch.empty(dims, dtype=dtype)  # cpu: no device mode is on
+    if total:
+        threads = torch.get_num_threads() if total >= _THREADED else 1
+        fn(mode, key.data_ptr(), total, n, first, out.data_ptr(), None, a, b, threads)
+    return out
+
+
+def normal32(key: Tensor, shape: tuple[int, ...]) -> Tensor | None:
+    """float32 ``normal``: the kernel, torch's ``log1p`` and ``sqrt`` (their bits), the kernel."""
+    if not usable(key) or not (fn := _KERNEL if _KERNEL is not None else _load()):
+        return None
+    key = key.contiguous()
+    n = math.prod(shape)
+    total = n * (key.numel() // 2)
+    x = torch.empty((*key.shape[:-1], *shape), dtype=torch.float32)
+    t = torch.empty_like(x)
+    if total:
+        threads = torch.get_num_threads() if total >= _THREADED else 1
+        ptr = x.data_ptr()
+        fn(MODE_NORMAL_PRE, key.data_ptr(), total, n, 0, ptr, t.data_ptr(), _NEXT_M1, 0.0, threads)
+        # the pure path's torch ops on buffers of the same size and layout: the same bits
+        w = t.log1p_().neg_()
+        s = torch.sqrt(w)
+        fn(MODE_ERFINV, ptr, total, n, 0, w.data_ptr(), s.data_ptr(), _SQRT2_32, 0.0, threads)
+    return t
