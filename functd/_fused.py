@@ -161,6 +161,15 @@ def usable(key: Tensor) -> bool:
     )
 
 
+def _empty(key: Tensor, shape: tuple[int, ...], n: int, dtype: torch.dtype, pairs: bool = False):
+    """A fresh CPU output ``(*key.shape[:-1], *shape)`` (``pairs``: a trailing 2)."""
+    if key.ndim == 1 and len(shape) == 1 and not pairs:
+        return torch.empty(n, dtype=dtype)  # no device mode is on: cpu; an int is quicker
+    return torch.empty(
+        (*key.shape[:-1], *shape, 2) if pairs else (*key.shape[:-1], *shape), dtype=dtype
+    )
+
+
 def run(
     mode: int,
     key: Tensor,
@@ -180,8 +189,7 @@ def run(
     key = key.contiguous()
     n = math.prod(shape)
     total = n * (key.numel() // 2)
-    dims = (*key.shape[:-1], *shape, 2) if mode == MODE_PAIRS else (*key.shape[:-1], *shape)
-    out = torch.empty(dims, dtype=dtype)  # cpu: no device mode is on
+    out = _empty(key, shape, n, dtype, mode == MODE_PAIRS)
     if total:
         threads = torch.get_num_threads() if total >= _THREADED else 1
         fn(mode, key.data_ptr(), total, n, first, out.data_ptr(), None, a, b, threads)
@@ -195,8 +203,7 @@ def normal32(key: Tensor, shape: tuple[int, ...]) -> Tensor | None:
     key = key.contiguous()
     n = math.prod(shape)
     total = n * (key.numel() // 2)
-    x = torch.empty((*key.shape[:-1], *shape), dtype=torch.float32)
-    t = torch.empty_like(x)
+    x, t = _empty(key, shape, n, torch.float32), _empty(key, shape, n, torch.float32)
     if total:
         threads = torch.get_num_threads() if total >= _THREADED else 1
         ptr = x.data_ptr()

@@ -96,6 +96,8 @@ def _check_key(fn: str, key: Tensor) -> Tensor:
 
 
 def _check_shape(fn: str, shape: Shape, name: str = "shape") -> tuple[int, ...]:
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
+        return shape  # the common case, fast (SymInts under compile take the long way)
     dims = (shape,) if not isinstance(shape, (Sequence, Tensor)) else shape
     try:
         if isinstance(shape, Tensor) or any(isinstance(d, bool) for d in dims):
@@ -320,8 +322,12 @@ def uniform(
     """
     key, shape = _prologue("uniform", key, shape, dtype)
     u = _unit(key, shape, dtype)
-    plain = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (minval, maxval))
-    if plain and minval == 0 and maxval == 1:
+    if (
+        type(minval) in (int, float)
+        and type(maxval) in (int, float)
+        and minval == 0
+        and maxval == 1
+    ):
         return u  # u * 1 + 0 and max(0, u) are exact no-ops
     lo = _param("uniform", "minval", minval, dtype, key.device)
     hi = _param("uniform", "maxval", maxval, dtype, key.device)
