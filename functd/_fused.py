@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import importlib.machinery
+import importlib.util
 import math
 import os
 import pathlib
@@ -29,6 +31,8 @@ import platform
 import shlex
 import shutil
 import subprocess
+import sys
+import sysconfig
 import tempfile
 import threading
 import warnings
@@ -49,7 +53,7 @@ _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _LOCK = threading.Lock()
-_KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else fd_run
+_KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else (draw, run)
 
 
 class _Unavailable(Exception):
@@ -73,16 +77,16 @@ def _cpu_tag() -> str:
         return platform.processor()
 
 
-def _compile(cc: list[str], march: list[str], folder: pathlib.Path) -> pathlib.Path:
+def _compile(cc: list[str], extra: list[str], folder: pathlib.Path) -> pathlib.Path:
     """Build (or find) the shared library for these flags; raise _Unavailable on failure."""
-    tag = "\0".join([SOURCE, *cc, *_FLAGS, *march, platform.machine(), _cpu_tag()])
+    tag = "\0".join([SOURCE, *cc, *_FLAGS, *extra, sys.version, platform.machine(), _cpu_tag()])
     lib = folder / f"threefry-{hashlib.sha256(tag.encode()).hexdigest()[:20]}.so"
     if lib.exists():
         return lib
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(fd)
     try:
-        cmd = [*cc, *_FLAGS, *march, "-x", "c", "-", "-o", tmp]
+        cmd = [*cc, *_FLAGS, *extra, "-x", "c", "-", "-o", tmp]
         done = subprocess.run(cmd, input=SOURCE, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -94,8 +98,26 @@ def _compile(cc: list[str], march: list[str], folder: pathlib.Path) -> pathlib.P
     return lib
 
 
+def _open(lib: pathlib.Path, python: bool):
+    """``(draw, run)``: callables taking (op, keys, total, n, first, out[, out2, a, b])."""
+    if python:  # the CPython extension: one function for both
+        loader = importlib.machinery.ExtensionFileLoader("_functd_threefry", str(lib))
+        module = importlib.util.module_from_spec(
+            importlib.util.spec_from_loader(loader.name, loader)
+        )
+        loader.exec_module(module)
+        return module.run, module.run
+    dll = ctypes.CDLL(str(lib))
+    draw, run = dll.fd_draw, dll.fd_run
+    i32, i64, ptr, f64 = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
+    draw.argtypes = [i32, ptr, i64, i64, i64, ptr]
+    run.argtypes = [i32, ptr, i64, i64, i64, ptr, ptr, f64, f64]
+    draw.restype = run.restype = i32
+    return draw, run
+
+
 def _build():
-    """Find or build the kernel and load it: ``fd_run`` with its ctypes signature."""
+    """Find or build the kernel and load it: a CPython extension, else a ctypes library."""
     cc = shlex.split(os.environ.get("CC") or "cc")
     if not cc or shutil.which(cc[0]) is None:
         raise _Unavailable(f"no C compiler: {cc[0] if cc else '$CC'!r} was not found (set CC)")
@@ -105,21 +127,27 @@ def _build():
         tempfile.TemporaryFile(dir=folder).close()  # writable?
     except OSError as e:
         raise _Unavailable(f"the cache folder {str(folder)!r} is not writable ({e})") from None
-    try:  # -march=native vectorises the hash for this CPU; some compilers lack it
-        lib = _compile(cc, ["-march=native"], folder)
-    except (_Unavailable, OSError, subprocess.SubprocessError):
+    # -march=native vectorises the hash for this CPU; Python.h may be missing
+    include = sysconfig.get_paths().get("include") or ""
+    ext = ["-DFD_PYTHON", f"-I{include}"]
+    if sys.platform == "darwin":
+        ext += ["-undefined", "dynamic_lookup"]
+    tries = [(True, [*ext, "-march=native"]), (False, ["-march=native"]), (False, [])]
+    if not os.path.exists(os.path.join(include, "Python.h")):
+        tries = tries[1:]
+    error: Exception | None = None
+    for python, extra in tries:
         try:
-            lib = _compile(cc, [], folder)
-        except (OSError, subprocess.SubprocessError) as e:
-            raise _Unavailable(f"compiling the kernel failed ({e})") from None
-    try:
-        fn = ctypes.CDLL(str(lib)).fd_run
-    except (OSError, AttributeError) as e:
-        raise _Unavailable(f"loading {str(lib)!r} failed ({e})") from None
-    i64, ptr, f64 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
-    fn.argtypes = [ctypes.c_int, ptr, i64, i64, i64, ptr, ptr, f64, f64, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn
+            return _open(_compile(cc, extra, folder), python)
+        except (
+            _Unavailable,
+            OSError,
+            ImportError,
+            AttributeError,
+            subprocess.SubprocessError,
+        ) as e:
+            error = e
+    raise _Unavailable(f"compiling the kernel failed ({error})")
 
 
 def _load():
@@ -161,13 +189,17 @@ def usable(key: Tensor) -> bool:
     )
 
 
-def _empty(key: Tensor, shape: tuple[int, ...], n: int, dtype: torch.dtype, pairs: bool = False):
-    """A fresh CPU output ``(*key.shape[:-1], *shape)`` (``pairs``: a trailing 2)."""
-    if key.ndim == 1 and len(shape) == 1 and not pairs:
-        return torch.empty(n, dtype=dtype)  # no device mode is on: cpu; an int is quicker
-    return torch.empty(
-        (*key.shape[:-1], *shape, 2) if pairs else (*key.shape[:-1], *shape), dtype=dtype
-    )
+def _empty(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype, pairs: bool = False):
+    """A fresh CPU output ``(*key.shape[:-1], *shape)`` (``pairs``: a trailing 2).
+
+    No device mode is on (``usable``), so it lands on the CPU; sizes as separate ints
+    parse quicker than a tuple.
+    """
+    if key.ndim == 1:
+        dims = (*shape, 2) if pairs else shape
+    else:
+        dims = (*key.shape[:-1], *shape, 2) if pairs else (*key.shape[:-1], *shape)
+    return torch.empty(*dims, dtype=dtype) if dims else torch.empty((), dtype=dtype)
 
 
 def run(
@@ -184,32 +216,37 @@ def run(
     Returns a fresh ``(*key.shape[:-1], *shape)`` tensor (``MODE_PAIRS``: a trailing 2),
     or None where the kernel may not serve (the caller runs the pure ops).
     """
-    if not usable(key) or not (fn := _KERNEL if _KERNEL is not None else _load()):
+    if not usable(key) or not (fns := _KERNEL if _KERNEL is not None else _load()):
         return None
     key = key.contiguous()
     n = math.prod(shape)
-    total = n * (key.numel() // 2)
-    out = _empty(key, shape, n, dtype, mode == MODE_PAIRS)
+    total = n if key.ndim == 1 else n * (key.numel() // 2)
+    out = _empty(key, shape, dtype, mode == MODE_PAIRS)
     if total:
         threads = torch.get_num_threads() if total >= _THREADED else 1
-        fn(mode, key.data_ptr(), total, n, first, out.data_ptr(), None, a, b, threads)
+        op, ptr = mode | threads << 8, key.data_ptr()
+        if mode == MODE_AFFINE32:
+            fns[1](op, ptr, total, n, first, out.data_ptr(), 0, a, b)
+        else:
+            fns[0](op, ptr, total, n, first, out.data_ptr())
     return out
 
 
 def normal32(key: Tensor, shape: tuple[int, ...]) -> Tensor | None:
     """float32 ``normal``: the kernel, torch's ``log1p`` and ``sqrt`` (their bits), the kernel."""
-    if not usable(key) or not (fn := _KERNEL if _KERNEL is not None else _load()):
+    if not usable(key) or not (fns := _KERNEL if _KERNEL is not None else _load()):
         return None
     key = key.contiguous()
     n = math.prod(shape)
-    total = n * (key.numel() // 2)
-    x, t = _empty(key, shape, n, torch.float32), _empty(key, shape, n, torch.float32)
+    total = n if key.ndim == 1 else n * (key.numel() // 2)
+    x, t = _empty(key, shape, torch.float32), _empty(key, shape, torch.float32)
     if total:
-        threads = torch.get_num_threads() if total >= _THREADED else 1
+        fn = fns[1]
+        threads = (torch.get_num_threads() if total >= _THREADED else 1) << 8
         ptr = x.data_ptr()
-        fn(MODE_NORMAL_PRE, key.data_ptr(), total, n, 0, ptr, t.data_ptr(), _NEXT_M1, 0.0, threads)
+        fn(MODE_NORMAL_PRE | threads, key.data_ptr(), total, n, 0, ptr, t.data_ptr(), _NEXT_M1, 0.0)
         # the pure path's torch ops on buffers of the same size and layout: the same bits
         w = t.log1p_().neg_()
         s = torch.sqrt(w)
-        fn(MODE_ERFINV, ptr, total, n, 0, w.data_ptr(), s.data_ptr(), _SQRT2_32, 0.0, threads)
+        fn(MODE_ERFINV | threads, ptr, total, n, 0, w.data_ptr(), s.data_ptr(), _SQRT2_32, 0.0)
     return t

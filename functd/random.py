@@ -96,8 +96,10 @@ def _check_key(fn: str, key: Tensor) -> Tensor:
 
 
 def _check_shape(fn: str, shape: Shape, name: str = "shape") -> tuple[int, ...]:
+    if type(shape) is int and shape >= 0:
+        return (shape,)  # the common cases, fast (SymInts under compile take the long way)
     if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
-        return shape  # the common case, fast (SymInts under compile take the long way)
+        return shape
     dims = (shape,) if not isinstance(shape, (Sequence, Tensor)) else shape
     try:
         if isinstance(shape, Tensor) or any(isinstance(d, bool) for d in dims):

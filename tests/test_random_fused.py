@@ -231,3 +231,17 @@ def test_cold_process_builds_into_the_cache_folder(tmp_path):
         assert bits == want.view(torch.int32).tolist()
     assert [p.suffix for p in cache.iterdir()] == [".so"]
     assert list(cwd.iterdir()) == []
+
+
+def test_ctypes_library_where_python_headers_are_missing(monkeypatch, fresh):
+    """Without Python.h the kernel is a plain shared library called through ctypes."""
+    import sysconfig
+
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(fresh / "no-headers")})
+    keys = fr.split(fr.key(11), 3)
+    draws = {name: SAMPLERS[name](keys, (2, 50)) for name in ("normal", "gumbel", "split")}
+    draws["fold_in"] = fr.fold_in(keys, 2**32 - 1)
+    assert _fused._KERNEL and type(_fused._KERNEL[0]).__module__ == "ctypes"
+    for name, got in draws.items():
+        f = SAMPLERS.get(name, lambda k, s: fr.fold_in(k, 2**32 - 1))
+        assert_bitwise(got, pure(f, keys, (2, 50)))
