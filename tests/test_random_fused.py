@@ -133,7 +133,11 @@ def test_kernel_serves_only_plain_eager_cpu_keys(kernel):
     seen = []
     torch.func.vmap(lambda kk: seen.append(_fused.usable(kk)) or kk)(fr.split(k, 2))
     torch.func.grad(lambda x: seen.append(_fused.usable(x)) or x.sum())(torch.ones(2))
-    assert seen == [False, False]
+    torch.func.grad(lambda x: seen.append(_fused.usable(k)) or x.sum())(torch.ones(2))
+    assert seen == [False, False, False]  # a captured plain key too: outputs get wrapped
+    z = fr.normal(k, (3,))
+    assert torch.equal(torch.func.grad(lambda x: (fr.normal(k, (3,)) * x).sum())(torch.ones(3)), z)
+    assert torch.equal(torch.func.vmap(lambda x: fr.normal(k, (3,)) + x)(torch.zeros(2, 3))[1], z)
     with FakeTensorMode() as mode:
         fake = mode.from_tensor(k)
         assert not _fused.usable(fake)
