@@ -53,6 +53,7 @@ _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _transforms = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+_HOOKS = None not in (_is_wrapped, _dispatch_modes, _transforms)  # else: pure path always
 _LOCK = threading.Lock()
 _KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else (draw, run)
 
@@ -65,8 +66,12 @@ def cache_dir() -> pathlib.Path:
     """Where built kernels live: ``$FUNCTD_CACHE_DIR`` or the user's cache folder."""
     if os.environ.get("FUNCTD_CACHE_DIR"):
         return pathlib.Path(os.environ["FUNCTD_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "functd"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return pathlib.Path(os.environ["XDG_CACHE_HOME"]) / "functd"
+    home = os.path.expanduser("~")
+    if home == "~":  # no home folder: never a path relative to the cwd
+        return pathlib.Path(tempfile.gettempdir()) / "functd-cache"
+    return pathlib.Path(home) / ".cache" / "functd"
 
 
 def _cpu_tag() -> str:
@@ -181,9 +186,7 @@ def usable(key: Tensor) -> bool:
         not torch.compiler.is_compiling()  # first: dynamo must see nothing else here
         and type(key) is Tensor
         and key.is_cpu
-        and _is_wrapped is not None
-        and _dispatch_modes is not None
-        and _transforms is not None
+        and _HOOKS
         and _transforms() is None  # under grad/vmap even a fresh torch.empty is wrapped
         and not _is_wrapped(key)
         and not _dispatch_modes()

@@ -251,3 +251,16 @@ def test_ctypes_library_where_python_headers_are_missing(monkeypatch, fresh):
     assert _fused._KERNEL and type(_fused._KERNEL[0]).__module__ == "ctypes"
     for name, got in draws.items():
         assert_bitwise(got, pure(fns[name], keys, (2, 50)))
+
+
+def test_cache_folder_choice(monkeypatch, tmp_path):
+    monkeypatch.setenv("FUNCTD_CACHE_DIR", str(tmp_path / "a"))
+    assert _fused.cache_dir() == tmp_path / "a"
+    monkeypatch.delenv("FUNCTD_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert _fused.cache_dir() == tmp_path / "xdg" / "functd"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert _fused.cache_dir() == tmp_path / "home" / ".cache" / "functd"
+    monkeypatch.setattr(os.path, "expanduser", lambda p: p)  # no home folder at all
+    assert _fused.cache_dir().is_absolute()
