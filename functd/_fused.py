@@ -226,8 +226,15 @@ def run(
         return None
     key = key.contiguous()
     n = math.prod(shape)
-    total = n if key.ndim == 1 else n * (key.numel() // 2)
-    out = _empty(key, shape, dtype, mode == MODE_PAIRS)
+    if key.ndim == 1:  # one key: the common case, inlined (no device mode is on: cpu)
+        total = n
+        if mode == MODE_PAIRS:
+            out = torch.empty(*shape, 2, dtype=dtype)
+        else:
+            out = torch.empty(*shape, dtype=dtype) if shape else torch.empty((), dtype=dtype)
+    else:
+        total = n * (key.numel() // 2)
+        out = _empty(key, shape, dtype, mode == MODE_PAIRS)
     if total:
         threads = torch.get_num_threads() if total >= _THREADED else 1
         op, ptr = mode | threads << 8, key.data_ptr()
