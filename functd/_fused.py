@@ -53,6 +53,8 @@ _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _transforms = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+_function_mode = torch._C._is_torch_function_mode_enabled
+_tracing = torch._C._get_tracing_state
 _HOOKS = None not in (_is_wrapped, _dispatch_modes, _transforms)  # else: pure path always
 _LOCK = threading.Lock()
 _KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else (draw, run)
@@ -190,8 +192,8 @@ def usable(key: Tensor) -> bool:
         and _transforms() is None  # under grad/vmap even a fresh torch.empty is wrapped
         and not _is_wrapped(key)
         and not _dispatch_modes()
-        and not torch._C._is_torch_function_mode_enabled()  # e.g. `with torch.device(...)`
-        and torch._C._get_tracing_state() is None
+        and not _function_mode()  # e.g. `with torch.device(...)`
+        and _tracing() is None
     )
 
 

@@ -86,6 +86,8 @@ _ERFINV_GT = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
 
 
 def _check_key(fn: str, key: Tensor) -> Tensor:
+    if type(key) is Tensor and key.dtype is torch.int32 and key.ndim and key.shape[-1] == 2:
+        return key  # the common case, fast
     fix = "make keys with functd.random.key(seed), split or fold_in"
     if not isinstance(key, Tensor) or key.dtype not in (torch.int32, torch.uint32):
         what = key.dtype if isinstance(key, Tensor) else type(key).__name__
@@ -192,9 +194,12 @@ def split(key: Tensor, num: int = 2) -> Tensor:
         >>> k1, k2 = split(key(0))
     """
     key = _check_key("split", key)
-    if isinstance(num, int) and not isinstance(num, bool) and num < 0:
+    if type(num) is int and num >= 0:
+        shape = (num,)  # the common case, fast
+    elif isinstance(num, int) and not isinstance(num, bool) and num < 0:
         raise ValueError(f"split: `num` must be >= 0, got {num}.")
-    shape = _check_shape("split", num, "num")
+    else:
+        shape = _check_shape("split", num, "num")
     out = _fused.run(_fused.MODE_PAIRS, key, shape, torch.int32)
     return torch.stack(_hash(key, shape), dim=-1) if out is None else out
 
