@@ -1,5 +1,6 @@
 """The threefry2x32 hash behind ``functd.random``: pure torch ops, and a Python-int
-path for tiny eager draws.
+path for tiny eager draws; eager CPU draws take the fused kernel of ``_fused.py``
+first (the same bits).
 
 Everything here works on int32 bit patterns with wrapping adds (torch has no
 uint32 add or shift kernels on CPU), so CPU and GPU, eager and compiled give
@@ -16,6 +17,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from . import _fused
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -126,6 +129,12 @@ def _hash(key: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
 
 def _random_bits(key: Tensor, nbits: int, shape: tuple[int, ...]) -> Tensor:
     """jax's random bits: int32 patterns (32), int64 patterns (64), values in int64 (8, 16)."""
+    if nbits == 64:
+        out = _fused.run(_fused.MODE_BITS64, key, shape, torch.int64)
+    else:
+        out = _fused.run(_fused.MODE_BITS32, key, shape, torch.int32)
+    if out is not None:
+        return out if nbits >= 32 else out.to(torch.int64) & ((1 << nbits) - 1)
     b0, b1 = _hash(key, shape)
     if nbits == 64:
         return (b0.to(torch.int64) << 32) | (b1.to(torch.int64) & _M32)

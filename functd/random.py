@@ -41,6 +41,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from . import _fused
 from ._threefry import (
     _M32,
     _hash,
@@ -85,6 +86,8 @@ _ERFINV_GT = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
 
 
 def _check_key(fn: str, key: Tensor) -> Tensor:
+    if type(key) is Tensor and key.dtype is torch.int32 and key.ndim and key.shape[-1] == 2:
+        return key  # the common case, fast
     fix = "make keys with functd.random.key(seed), split or fold_in"
     if not isinstance(key, Tensor) or key.dtype not in (torch.int32, torch.uint32):
         what = key.dtype if isinstance(key, Tensor) else type(key).__name__
@@ -95,6 +98,10 @@ def _check_key(fn: str, key: Tensor) -> Tensor:
 
 
 def _check_shape(fn: str, shape: Shape, name: str = "shape") -> tuple[int, ...]:
+    if type(shape) is int and shape >= 0:
+        return (shape,)  # the common cases, fast (SymInts under compile take the long way)
+    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
+        return shape
     dims = (shape,) if not isinstance(shape, (Sequence, Tensor)) else shape
     try:
         if isinstance(shape, Tensor) or any(isinstance(d, bool) for d in dims):
@@ -178,7 +185,7 @@ def split(key: Tensor, num: int = 2) -> Tensor:
 
     Args:
         key: a key of shape ``(..., 2)``.
-        num: the number of keys, >= 1 (a tuple gives a shape of keys).
+        num: the number of keys, >= 0 (a tuple gives a shape of keys; 0: an empty array).
 
     Returns:
         Keys of shape ``(..., num, 2)``.
@@ -187,9 +194,14 @@ def split(key: Tensor, num: int = 2) -> Tensor:
         >>> k1, k2 = split(key(0))
     """
     key = _check_key("split", key)
-    if isinstance(num, int) and not isinstance(num, bool) and num < 1:
-        raise ValueError(f"split: `num` must be >= 1, got {num}.")
-    return torch.stack(_hash(key, _check_shape("split", num, "num")), dim=-1)
+    if type(num) is int and num >= 0:
+        shape = (num,)  # the common case, fast
+    elif isinstance(num, int) and not isinstance(num, bool) and num < 0:
+        raise ValueError(f"split: `num` must be >= 0, got {num}.")
+    else:
+        shape = _check_shape("split", num, "num")
+    out = _fused.run(_fused.MODE_PAIRS, key, shape, torch.int32)
+    return torch.stack(_hash(key, shape), dim=-1) if out is None else out
 
 
 def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
@@ -214,6 +226,8 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
         raise TypeError(f"fold_in: `data` must be an int or an integer tensor, got {data!r}.")
     elif not 0 <= data <= _M32:
         raise ValueError(f"fold_in: `data` must be in [0, 2**32), got {data}; use data % 2**32.")
+    elif (out := _fused.run(_fused.MODE_PAIRS, key, (), torch.int32, first=data)) is not None:
+        return out
     elif _small_ok(key, 1):
         return torch.stack(_hash_py(key, [data], ()), dim=-1)
     else:
@@ -249,6 +263,12 @@ def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Te
 def _unit(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     """jax's floats in [0, 1): random mantissa bits | exponent of 1.0, minus 1."""
     nbits, nmant, itype = _FLOATS[dtype]
+    if nbits >= 32:
+        out = _fused.run(
+            _fused.MODE_UNIT32 if nbits == 32 else _fused.MODE_UNIT64, key, shape, dtype
+        )
+        if out is not None:
+            return out
     if nbits == 32:
         b = _random_bits(key, 32, shape)
         if _inplace_ok(b):
@@ -309,8 +329,12 @@ def uniform(
     """
     key, shape = _prologue("uniform", key, shape, dtype)
     u = _unit(key, shape, dtype)
-    plain = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (minval, maxval))
-    if plain and minval == 0 and maxval == 1:
+    if (
+        type(minval) in (int, float)
+        and type(maxval) in (int, float)
+        and minval == 0
+        and maxval == 1
+    ):
         return u  # u * 1 + 0 and max(0, u) are exact no-ops
     lo = _param("uniform", "minval", minval, dtype, key.device)
     hi = _param("uniform", "maxval", maxval, dtype, key.device)
@@ -377,6 +401,8 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
         >>> z = normal(key(0), (1000,))
     """
     key, shape = _prologue("normal", key, shape, dtype)
+    if dtype == torch.float32 and (z := _fused.normal32(key, shape)) is not None:
+        return z
     u = _unit(key, shape, dtype)
     if dtype == torch.float32 and _inplace_ok(u) and _inplace_ok(key):
         # eager fast path: the same float32 ops with constants as Python floats
@@ -405,6 +431,10 @@ def gumbel(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
         >>> g = gumbel(key(0), (5,))
     """
     key, shape = _prologue("gumbel", key, shape, dtype)
+    if dtype == torch.float32:  # max(tiny, u * (1 - tiny) + tiny); 1 - tiny rounds to 1
+        u = _fused.run(_fused.MODE_AFFINE32, key, shape, dtype, 1.0, torch.finfo(dtype).tiny)
+        if u is not None:
+            return u.log_().neg_().log_().neg_()
     tiny = torch.tensor(torch.finfo(dtype).tiny, dtype=dtype, device=key.device)
     u = _scaled(_unit(key, shape, dtype), tiny, torch.ones_like(tiny), exact=True)
     return u.log_().neg_().log_().neg_() if _inplace_ok(u) else -torch.log(-torch.log(u))
@@ -423,6 +453,10 @@ def exponential(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float
         >>> e = exponential(key(0), (5,))
     """
     key, shape = _prologue("exponential", key, shape, dtype)
+    if dtype == torch.float32:
+        u = _fused.run(_fused.MODE_NEG32, key, shape, dtype)
+        if u is not None:
+            return u.log1p_().neg_()
     u = _unit(key, shape, dtype)
     return u.neg_().log1p_().neg_() if _inplace_ok(u) else -torch.log1p(-u)
 

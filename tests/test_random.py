@@ -328,7 +328,7 @@ def test_permutation_statistics():
         (lambda: fr.split(torch.zeros(3, dtype=torch.int32)), ValueError, r"key.*\(\.\.\., 2\)"),
         (lambda: fr.split(torch.zeros(2)), TypeError, "key.*int32"),
         (lambda: fr.uniform([0, 0]), TypeError, "key.*functd.random.key"),
-        (lambda: fr.split(fr.key(0), 0), ValueError, "num.*>= 1"),
+        (lambda: fr.split(fr.key(0), -1), ValueError, "num.*>= 0"),
         (lambda: fr.split(fr.key(0), 1.5), TypeError, "num"),
         (lambda: fr.uniform(fr.key(0), (2, -1)), ValueError, "shape.*non-negative"),
         (lambda: fr.bits(fr.key(0), (2.0,)), TypeError, "shape.*ints"),
