@@ -30,6 +30,7 @@ from torch import Tensor
 from torch import distributions as D
 
 from . import _errors as E
+from . import _plan
 from ._distributions import (
     CompositeDistribution,
     InteractionType,
@@ -50,7 +51,7 @@ from ._module import (
     call_td,
 )
 from ._sequential import Sequential
-from ._td import Key, TensorDict
+from ._td import Key, TensorDict, _is_dynamo
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
 
@@ -469,7 +470,12 @@ class ProbabilisticSequential(Sequential):
         **tensors: Tensor,
     ):
         """``policy(params, td, key=None, interaction=None)`` -> new td."""
-        return call_td(self, params, td, key, tensors, self._run_i, _resolve(interaction, self))
+        it = _resolve(interaction, self)
+        if type(td) is TensorDict and not tensors and not _is_dynamo():
+            out = _plan.run(self, params, td, key, it)
+            if out is not None:
+                return out
+        return call_td(self, params, td, key, tensors, self._run_i, it)
 
     def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
         self._run_i(params, data, bs, key, interaction_type())

@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from . import _errors as E
+from . import _plan
 from ._module import COLLECT, STATE, Module, apply_with_state, as_keys, call_td
-from ._td import Key, TensorDict, _new
+from ._td import Key, TensorDict, _is_dynamo, _new
 
 __all__ = ["Sequential"]
 
@@ -76,6 +77,7 @@ class Sequential:
         "_all_out",
         "_drop",
         "_plain",
+        "_plans",
         "_random",
         "_run",
         "_stateful",
@@ -135,6 +137,7 @@ class Sequential:
             tuple((n if m.has_params else None, m._run, d) for n, m, d in zip(names, flat, early)),
         )
         set_(self, "_stateful", any(getattr(m, "stateful", False) for m in flat))
+        set_(self, "_plans", {})  # layout -> straight-line plan (_plan.py), bounded
         set_(self, "_run", self._stateful_step if self._stateful else self._step)
 
     # ---------------------------------------------------------------- value
@@ -227,6 +230,10 @@ class Sequential:
         **tensors: torch.Tensor,
     ):
         """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``."""
+        if type(td) is TensorDict and not tensors and not _is_dynamo():
+            out = _plan.run(self, params, td, key)
+            if out is not None:
+                return out
         return call_td(self, params, td, key, tensors, self._run)
 
     def apply_with_state(
