@@ -81,15 +81,6 @@ def _give_up(params: Any, data: dict, bs: torch.Size, key: Any, it: Any) -> None
     return None
 
 
-def _new_td(data: dict, bs: torch.Size) -> TensorDict:
-    td = _alloc(TensorDict)  # eager only (plans never run under dynamo): slot setters
-    _set_data(td, data)
-    _set_bs(td, bs)
-    _set_spec(td, None)
-    _set_checked(td, None)
-    return td
-
-
 def _check_child(m: Module, p: Any) -> None:
     if type(p) is not TensorDict:
         _bad_params(m, p)
@@ -162,7 +153,6 @@ def _inline(m: Any) -> bool:
 def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     """(source, globals) of the plan; ("", {}) when the reference call must serve."""
     from ._sequential import _early_drops
-
     from .nn._linear import Linear
 
     keys, n, early = layout
@@ -173,7 +163,11 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     ns: dict = {
         "T": _Tensor,
         "TD": TensorDict,
-        "_new_td": _new_td,
+        "_alloc": _alloc,
+        "_set_data": _set_data,
+        "_set_bs": _set_bs,
+        "_set_spec": _set_spec,
+        "_set_checked": _set_checked,
         "_check_child": _check_child,
         "_write1": _write1,
         "_write_n": _write_n,
@@ -204,20 +198,19 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
             var[k] = v
         return var[k]
 
-    def materialize() -> str:
-        """A new dict equal to the reference's working dict at this point."""
+    def working_dict(name: str) -> None:
+        """Emit ``name`` = a dict equal to the reference's working dict at this point."""
         live_order = [k for k in order if k in live]
-        if base_is_data:
-            body = ", ".join(f"{k!r}: {var[k] if k in var else f'base[{k!r}]'}" for k in live_order)
-            emit(f"    d = {{{body}}}")
-        else:
-            emit("    d = base")
-            for k in live_order:
-                if k in dirty:
-                    emit(f"    d[{k!r}] = {var[k]}")
-            for k in in_base - live:
-                emit(f"    del d[{k!r}]")
-        return "d"
+        if base_is_data:  # one dict display, in the reference dict's key order
+            body = ", ".join(f"{k!r}: {var.get(k, f'base[{k!r}]')}" for k in live_order)
+            emit(f"    {name} = {{{body}}}")
+            return
+        emit(f"    {name} = base")  # a dict of ours (made for an opaque child): reused
+        for k in live_order:
+            if k in dirty:
+                emit(f"    {name}[{k!r}] = {var[k]}")
+        for k in sorted(in_base - live):
+            emit(f"    del {name}[{k!r}]")
 
     steps = seq._psteps if prob else tuple((*s, None) for s in seq._steps)
     has_p = [s[2] for s in steps]
@@ -240,7 +233,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         from .random import fold_in
 
         ns["fold_in"] = fold_in
-    for i, (name, m, hp, rnd, idx, run_, run_i) in enumerate(steps):
+    for i, (name, m, hp, rnd, idx, _, run_i) in enumerate(steps):
         ns[f"M{i}"] = m
         p = f"p_{name}" if hp else "None"
         if _inline(m):
@@ -277,8 +270,10 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                 elif kind == 0 and type(m._fn) is Linear and len(args) == 1:
                     # (..., in) -> (..., out): the batch dims stay when the input has a
                     # feature dim beyond them
-                    cond = f"type({v}) is not T or {args[0]}.ndim == {n}" if n else (
-                        f"type({v}) is not T"
+                    cond = (
+                        f"type({v}) is not T or {args[0]}.ndim == {n}"
+                        if n
+                        else (f"type({v}) is not T")
                     )
                 elif n == 0:
                     cond = f"type({v}) is not T"
@@ -295,7 +290,8 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                 var[o] = v
                 dirty.add(o)
         else:
-            d = materialize()
+            working_dict("d")
+            d = "d"
             if run_i is not None and type(m) is Probabilistic:
                 k = f"fold_in(key, {idx}) if key is not None and _draws(M{i}, it) else None"
             elif rnd:
@@ -328,19 +324,14 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
             live.discard(k)
             dirty.discard(k)
             var.pop(k, None)
-    live_order = [k for k in order if k in live]
-    if base_is_data:
-        body = ", ".join(f"{k!r}: {var[k] if k in var else f'base[{k!r}]'}" for k in live_order)
-        emit(f"    out = {{{body}}}")
-    else:
-        emit("    out = base")
-        for k in live_order:
-            if k in dirty:
-                emit(f"    out[{k!r}] = {var[k]}")
-        for k in in_base - live:
-            emit(f"    del out[{k!r}]")
+    working_dict("out")
     if any(type(k) is not str for k in seq._drop):
         emit("    SEQ._drop_unselected(out)")
-    emit("    return _new_td(out, bs)")
+    emit("    td = _alloc(TD)")  # _new without its dynamo check: plans run eagerly only
+    emit("    _set_data(td, out)")
+    emit("    _set_bs(td, bs)")
+    emit("    _set_spec(td, None)")
+    emit("    _set_checked(td, None)")
+    emit("    return td")
     src = "def plan(params, data, bs, key, it):\n" + "\n".join(lines) + "\n"
     return src, ns

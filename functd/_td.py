@@ -113,8 +113,23 @@ class TensorDict:
         batch_size: Sequence[int] | torch.Size | int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
         if type(source) is dict and device is None and not _is_dynamo():
+            if type(batch_size) is list and len(batch_size) == 1:  # the common case, inlined
+                b0 = batch_size[0]
+                if type(b0) is int and b0 >= 0:
+                    try:
+                        for k, v in source.items():
+                            if type(k) is not str or type(v) not in _LEAF_TYPES or v.shape[0] != b0:
+                                break
+                        else:
+                            _set_data(self, source.copy())
+                            _set_bs(self, torch.Size(batch_size))
+                            _set_spec(self, None)
+                            _set_checked(self, None)
+                            return
+                    except IndexError:  # a 0-dim leaf: the general path raises
+                        pass
+            bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
             data = _fast_leaves(source, bs)
             if data is not None:  # every key a str, every value a tensor with the batch dims
                 _set_data(self, data)
@@ -122,8 +137,9 @@ class TensorDict:
                 _set_spec(self, None)
                 _set_checked(self, None)
                 return
+        bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
         dev = torch.device(device) if device is not None else None
-        data: dict[str, Any] = {}
+        data = {}
         if source is None:
             source = {}
         elif isinstance(source, TensorDict):
