@@ -277,6 +277,8 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                     )
                 elif n == 0:
                     cond = f"type({v}) is not T"
+                elif n == 1:  # one dim compared: cheaper than slicing the shape
+                    cond = f"type({v}) is not T or not {v}.ndim or {v}.shape[0] != bs[0]"
                 else:
                     cond = f"type({v}) is not T or {v}.shape[:{n}] != bs"
                 emit(f"    if {cond}:")

@@ -231,7 +231,15 @@ class Sequential:
     ):
         """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``."""
         if type(td) is TensorDict and not tensors and not _is_dynamo():
-            out = _plan.run(self, params, td, key)
+            data, bs = td._data, td._batch_size  # the plan of td's layout (_plan.run, inlined)
+            plan = self._plans.get(
+                (tuple(data), len(bs), key is None and type(params) is TensorDict)
+            )
+            out = (
+                plan(params, data, bs, key, None)
+                if plan is not None
+                else _plan.run(self, params, td, key)
+            )
             if out is not None:
                 return out
         return call_td(self, params, td, key, tensors, self._run)

@@ -488,10 +488,12 @@ _set_bs = TensorDict._batch_size.__set__  # type: ignore[attr-defined]
 _set_spec = TensorDict._spec.__set__  # type: ignore[attr-defined]
 _set_checked = TensorDict._checked.__set__  # type: ignore[attr-defined]
 _alloc = object.__new__
-_is_compiling = torch.compiler.is_compiling
+# "tracing by dynamo": the one case where the slot setters cannot be used (_tree.py too);
+# 4x cheaper than torch.compiler.is_compiling, and dynamo folds it to True.
+_is_compiling = torch.compiler.is_dynamo_compiling
 
 
-_is_dynamo = torch.compiler.is_dynamo_compiling  # 4x cheaper; dynamo folds it to True
+_is_dynamo = _is_compiling
 _LEAF_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
