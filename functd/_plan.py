@@ -172,6 +172,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         "_write1": _write1,
         "_write_n": _write_n,
         "_empty": _empty_params(),
+        "F_linear": F.linear,
         "SEQ": seq,
     }
     lines: list[str] = []
@@ -253,6 +254,9 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                 emit(f"    if type({p}) is not TD or {p}._checked is not F{i}:")
                 emit(f"        _check_child(M{i}, {p})")
                 call = f"F{i}({', '.join([p, *args])}{kw})"
+                if type(m._fn).__call__ is Linear.__call__ and len(args) == 1:
+                    # Linear.__call__'s body, written out (tests compare it with the loop)
+                    call = f"F_linear({args[0]}, {p}._data['weight'], {p}._data.get('bias'))"
             elif kind == 1:
                 ns[f"F{i}"] = m._fn
                 call = f"F{i}({', '.join(['_empty', *args])}{kw})"

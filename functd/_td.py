@@ -34,6 +34,16 @@ __all__ = ["Key", "TensorDict"]
 _EMPTY_SIZE = torch.Size([])
 
 
+_SIZES: dict[int, torch.Size] = {}  # torch.Size([n]) for small n, made once (bounded)
+
+
+def _size1(n: int) -> torch.Size:
+    size = torch.Size([n])
+    if n < 1024:
+        _SIZES[n] = size
+    return size
+
+
 def _check_batch_size(batch_size) -> torch.Size:
     if batch_size is None:
         return _EMPTY_SIZE
@@ -123,7 +133,7 @@ class TensorDict:
                                 break
                         else:
                             _set_data(self, source.copy())
-                            _set_bs(self, torch.Size(batch_size))
+                            _set_bs(self, _SIZES.get(b0) or _size1(b0))
                             _set_spec(self, None)
                             _set_checked(self, None)
                             return

@@ -133,7 +133,7 @@ def test_opaque_children_nested_keys_and_nested_sequentials():
         selected_out_keys=["e"],
     )  # kept whole (a selection): its own call inside the plan
     seq = fd.Sequential(
-        fd.Module(nn.Linear(3, 4), ["x"], ["h"]),
+        fd.Module(nn.Linear(3, 4, bias=False), ["x"], ["h"]),  # inlined F.linear, no bias
         inner,
         fd.Module(lambda e: e * 2, ["e"], [("out", "e2")]),  # a nested key
         fd.Module(torch.relu, ["h"], ["r"]),
