@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from . import _errors as E
+from ._construct import _LEAF_TYPES, _SIZES, _fast_leaves, _size1
 
 Key = str | tuple[str, ...]
 _MISSING = object()  # "no default given"
@@ -32,16 +33,6 @@ __all__ = ["Key", "TensorDict"]
 
 
 _EMPTY_SIZE = torch.Size([])
-
-
-_SIZES: dict[int, torch.Size] = {}  # torch.Size([n]) for small n, made once (bounded)
-
-
-def _size1(n: int) -> torch.Size:
-    size = torch.Size([n])
-    if n < 1024:
-        _SIZES[n] = size
-    return size
 
 
 def _check_batch_size(batch_size) -> torch.Size:
@@ -504,34 +495,6 @@ _is_compiling = torch.compiler.is_dynamo_compiling
 
 
 _is_dynamo = _is_compiling
-_LEAF_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
-
-
-def _fast_leaves(source: dict, bs: torch.Size) -> dict | None:
-    """The common construction in one pass with the least work per leaf: a str key,
-    a plain tensor (or Parameter) whose leading dims are ``bs`` (one dim compared
-    for the usual one-dim batch, none for ``[]``). Returns the new entries, or None
-    when any leaf fails (nested mappings, TensorDicts, errors): the caller then
-    takes the per-leaf path, which converts or raises the precise error."""
-    n = len(bs)
-    leaf = _LEAF_TYPES
-    if n == 1:
-        b0 = bs[0]
-        try:
-            for k, v in source.items():
-                if type(k) is not str or type(v) not in leaf or v.shape[0] != b0:
-                    return None
-        except IndexError:  # a 0-dim leaf
-            return None
-    elif n == 0:
-        for k, v in source.items():
-            if type(k) is not str or type(v) not in leaf:
-                return None
-    else:
-        for k, v in source.items():
-            if type(k) is not str or type(v) not in leaf or v.shape[:n] != bs:
-                return None
-    return source.copy()
 
 
 def _init_traceable(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
