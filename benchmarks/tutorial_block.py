@@ -155,22 +155,20 @@ def interleaved(fns: dict) -> dict:
 
 
 def measure(grad: bool, batch: int, made: dict) -> dict:
-    """name -> (eager µs, compiled µs) for one grad mode and batch."""
+    """name -> (eager µs, compiled µs) for one grad mode and batch: everything compiled
+    and warmed up first, then eager and compiled calls measured in interleaved rounds."""
     with torch.set_grad_enabled(grad):
-        eager = interleaved(
-            {n: (lambda fn=fn, call=call: call(fn)) for n, (fn, call) in made.items()}
-        )
-        comp = dict.fromkeys(made, float("nan"))
+        fns = {(n, "eager"): (lambda fn=fn, call=call: call(fn)) for n, (fn, call) in made.items()}
         if COMPILE:
-            compiled = {}
+            torch._dynamo.reset()
             for name, (fn, call) in made.items():
-                torch._dynamo.reset()
                 cf = torch.compile(fn)
                 for _ in range(3):
                     call(cf)
-                compiled[name] = lambda cf=cf, call=call: call(cf)
-                comp[name] = clock_us(compiled[name], min_run_time=RUN_TIME)
-    return {n: (eager[n], comp[n]) for n in made}
+                fns[name, "compiled"] = lambda cf=cf, call=call: call(cf)
+        t = interleaved(fns)
+    nan = float("nan")
+    return {n: (t[n, "eager"], t.get((n, "compiled"), nan)) for n in made}
 
 
 def main():
