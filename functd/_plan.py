@@ -310,6 +310,10 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                 emit(f"    M{i}._run({p}, {d}, bs, {k})")
             emit(f"    base = {d}")
             base_is_data = False
+            for o in getattr(m, "_drop", ()):  # what a Sequential child removes
+                if type(o) is str and o in live:
+                    live.discard(o)
+                    order.remove(o)  # written again later, it goes to the end
             for o in m.out_keys:
                 top = o if type(o) is str else o[0]
                 if top not in order:

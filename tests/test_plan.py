@@ -73,6 +73,8 @@ FNS = {
     "mul": (2, 1, lambda a, b: a * b),
     "split": (1, 2, lambda a: (a * 2, a - 1)),
     "dict": (1, 1, None),  # keyword in_keys
+    "nested": (1, 1, None),  # a Sequential kept whole (a selection): an opaque step
+    "nested_key": (1, 1, None),  # a write under a nested key: an opaque step
 }
 
 
@@ -91,11 +93,28 @@ def chains(draw):
         outs = draw(st.lists(st.sampled_from(names), min_size=n_out, max_size=n_out, unique=True))
         if kind == "dict":
             mods.append(fd.Module(lambda *, a: a.cos(), {ins[0]: "a"}, outs))
+        elif kind == "nested":  # its intermediate may be a key of the td: it drops it
+            tmp = draw(st.sampled_from([n for n in names if n not in (ins[0], outs[0])]))
+            inner = fd.Sequential(
+                fd.Module(torch.neg, ins, [tmp]),
+                fd.Module(torch.exp, [tmp], outs),
+                selected_out_keys=outs,
+            )
+            mods.append(inner)
+            if tmp in avail and tmp != ins[0]:
+                avail.remove(tmp)
+        elif kind == "nested_key":
+            mods.append(fd.Module(torch.sin, ins, [("nest", outs[0])]))
+            continue
         else:
             mods.append(fd.Module(fn, ins, outs))
         avail += [o for o in outs if o not in avail]
-    written = [o for m in mods for o in m.out_keys]
-    sel = draw(st.one_of(st.none(), st.lists(st.sampled_from(written), min_size=1, unique=True)))
+    written = [o for m in mods for o in m.out_keys if type(o) is str]
+    sel = None
+    if written:
+        sel = draw(
+            st.one_of(st.none(), st.lists(st.sampled_from(written), min_size=1, unique=True))
+        )
     return fd.Sequential(*mods, selected_out_keys=sel), present
 
 
