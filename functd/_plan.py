@@ -173,7 +173,6 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         "_write_n": _write_n,
         "_empty": _empty_params(),
         "F_linear": F.linear,
-        "SEQ": seq,
     }
     lines: list[str] = []
     emit = lines.append
@@ -336,6 +335,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
             var.pop(k, None)
     working_dict("out")
     if any(type(k) is not str for k in seq._drop):
+        ns["SEQ"] = seq  # only then: no reference cycle module -> plan -> module otherwise
         emit("    SEQ._drop_unselected(out)")
     emit("    td = _alloc(TD)")  # _new without its dynamo check: plans run eagerly only
     emit("    _set_data(td, out)")

@@ -293,5 +293,5 @@ def test_plan_cache_is_bounded_and_dies_with_the_module():
     assert len(seq._plans) == _plan.MAX_PLANS  # further layouts take the reference loop
     ref = weakref.ref(fn)
     del seq, fn
-    gc.collect()
+    gc.collect()  # (a Module's call closures refer to it: it is freed by the collector)
     assert ref() is None  # the plans (which call fn) went with the module
