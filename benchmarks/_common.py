@@ -52,3 +52,38 @@ def table(header: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(fmt(v) for v in r) + " |" for r in rows]
     return "\n".join(lines)
+
+
+# "process": this process's CPU time (the default on CPU: with one thread it is the work
+# done, whatever else a shared machine runs); "wall": median_us (always on the GPU).
+CLOCK = "wall" if ON_GPU else os.environ.get("BENCH_CLOCK", "process")
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
+
+
+def clock_us(fn, min_run_time: float = MIN_RUN_TIME) -> float:
+    """Median time of ``fn()`` in µs on ``CLOCK``: blocks of calls long enough for the
+    clock's resolution, their median per call."""
+    if CLOCK == "wall":
+        return median_us(fn, min_run_time)
+    import statistics
+    import time
+
+    fn()
+    n = 1
+    while True:
+        t0 = time.process_time()
+        for _ in range(n):
+            fn()
+        dt = time.process_time() - t0
+        if dt > 0.005 or n > 1 << 16:
+            break
+        n *= 2
+    times, total = [], 0.0
+    while total < min_run_time or len(times) < 5:
+        t0 = time.process_time()
+        for _ in range(n):
+            fn()
+        dt = time.process_time() - t0
+        times.append(dt / n)
+        total += dt
+    return statistics.median(times) * 1e6

@@ -6,7 +6,9 @@ tensordict's ProbabilisticTensorDictSequential eager (when installed; its
 random rows draw from torch's global generator, ours from a key). Each timed
 call builds its TensorDict, with grad mode on (as a user's loop runs). Target
 (issue 11): functd eager <= 0.6x tensordict eager, both interaction types.
-BENCH_DEVICE=cuda runs it on the GPU.
+BENCH_DEVICE=cuda runs it on the GPU. Times: best of BENCH_ROUNDS interleaved
+medians of this process's CPU time with BENCH_THREADS=1 (BENCH_CLOCK=wall: wall
+time; always wall on the GPU).
 
 Run: .venv/bin/python benchmarks/policy.py   (BENCH_COMPILE=0 skips compiling)
 """
@@ -21,7 +23,7 @@ from torch import distributions as D
 from torch import nn
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import DEVICE, machine, median_us, table
+from _common import CLOCK, DEVICE, THREADS, clock_us, machine, table
 
 import functd as fd
 
@@ -63,7 +65,7 @@ def interleaved(fns: dict) -> dict:
     best = dict.fromkeys(fns, float("inf"))
     for _ in range(ROUNDS):
         for name, fn in fns.items():
-            best[name] = min(best[name], median_us(fn, min_run_time=0.1))
+            best[name] = min(best[name], clock_us(fn, min_run_time=0.1))
     return best
 
 
@@ -105,7 +107,11 @@ def rows(batch: int) -> list[list]:
 
 
 def main() -> None:
-    print(f"# GRU policy call, td built in the call, grad mode on ({machine()}, {DEVICE})\n")
+    torch.set_num_threads(THREADS)
+    clock = "CPU time (process clock)" if CLOCK == "process" else "wall time"
+    print(
+        f"# GRU policy call, td built in the call, grad mode on ({machine()}, {DEVICE}; {clock})\n"
+    )
     body = rows(1) + rows(256)
     print(
         table(

@@ -33,6 +33,7 @@ from torch import Tensor
 from torch import distributions as D
 
 from . import _errors as E
+from . import _plan
 from ._composite import CompositeDistribution, many, sample_shape
 from ._distributions import (
     InteractionType,
@@ -54,7 +55,7 @@ from ._module import (
 )
 from ._prob_args import _check_key_arg, _freeze, parse_head, write_composite
 from ._sequential import Sequential
-from ._td import Key, TensorDict
+from ._td import Key, TensorDict, _is_dynamo
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
 
@@ -520,11 +521,17 @@ class ProbabilisticSequential(Sequential):
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
             return positional_call(self, params, (td, *args), key, tensors, interaction)
         it = _resolve(interaction, self)
-        if self._ns is None or td is None:
-            return call_td(self, params, td, key, tensors, self._run_i, it)
-        if key is not None:
-            _check_key_arg(self._label(), key)
-        return many(lambda k: call_td(self, params, td, k, tensors, self._run_i, it), self._ns, key)
+        if self._ns is not None and td is not None:
+            if key is not None:
+                _check_key_arg(self._label(), key)
+            return many(
+                lambda k: call_td(self, params, td, k, tensors, self._run_i, it), self._ns, key
+            )
+        if type(td) is TensorDict and not tensors and not _is_dynamo():
+            out = _plan.run(self, params, td, key, it)
+            if out is not None:
+                return out
+        return call_td(self, params, td, key, tensors, self._run_i, it)
 
     def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
         if self._ns is not None:

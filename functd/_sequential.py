@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import _errors as E
+from . import _plan
 from ._module import (
     COLLECT,
     STATE,
@@ -32,7 +33,7 @@ from ._module import (
     call_td,
     positional_call,
 )
-from ._td import Key, TensorDict, _new
+from ._td import Key, TensorDict, _is_dynamo, _new
 
 __all__ = ["Sequential"]
 
@@ -88,6 +89,7 @@ class Sequential:
         "_nparams",
         "_param_names",
         "_plain",
+        "_plans",
         "_random",
         "_run",
         "_stateful",
@@ -147,6 +149,7 @@ class Sequential:
             tuple((n if m.has_params else None, m._run, d) for n, m, d in zip(names, flat, early)),
         )
         set_(self, "_stateful", any(getattr(m, "stateful", False) for m in flat))
+        set_(self, "_plans", {})  # layout -> straight-line plan (_plan.py), bounded
         set_(self, "_run", self._stateful_step if self._stateful else self._step)
         # the params entries a call accepts: its own children's, or (a slice, given
         # `_names`) unchecked until _takes_params_of names the whole model's
@@ -320,6 +323,18 @@ class Sequential:
         ``seq(params, x, h)``: tensors in ``in_keys`` order (positional dispatch)."""
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
             return positional_call(self, params, (td, *args), key, tensors)
+        if type(td) is TensorDict and not tensors and not _is_dynamo():
+            data, bs = td._data, td._batch_size  # the plan of td's layout (_plan.run, inlined)
+            plan = self._plans.get(
+                (tuple(data), len(bs), key is None and type(params) is TensorDict)
+            )
+            out = (
+                plan(params, data, bs, key, None)
+                if plan is not None
+                else _plan.run(self, params, td, key)
+            )
+            if out is not None:
+                return out
         return call_td(self, params, td, key, tensors, self._run)
 
     def apply_with_state(

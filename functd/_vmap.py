@@ -23,6 +23,7 @@ import torch.utils._pytree as torch_pytree
 
 from . import _axes
 from ._td import TensorDict, _new
+from ._tree import _spec as _td_spec
 
 __all__ = ["vmap"]
 
@@ -93,27 +94,33 @@ def _mapping_dims(name: str, path: tuple, dims: Any, keys: Any, what: str) -> Ma
     return dims
 
 
-def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> None:
-    """Append a _Leaf per leaf of ``value`` (in torch's pytree order) with its in_dim."""
+_LEAF = torch_pytree.treespec_leaf()
+_Spec = torch_pytree.TreeSpec
+
+
+def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> Any:
+    """Append a _Leaf per leaf of ``value`` (in torch's pytree order) with its in_dim, and
+    return the subtree's torch TreeSpec: one walk pairs dims with leaves and builds the
+    spec (the same spec ``torch.utils._pytree.tree_flatten`` gives)."""
     if isinstance(value, TensorDict):
         start = len(out)
         data = value._data
+        keys = sorted(data)
         if isinstance(dims, Mapping | TensorDict):
             dims = _mapping_dims(name, path, dims, data, "TensorDict")
-            for k in sorted(data):
-                _walk(name, data[k], dims[k], (*path, k), out)
+            children = [_walk(name, data[k], dims[k], (*path, k), out) for k in keys]
         elif _is_dim(dims):
             if dims is not None and dims < 0:  # counts from the last batch dim
                 nb = len(value._batch_size)
                 if dims + nb < 0:
                     _raise_not_batch(name, path, value, dims)
                 dims = dims + nb
-            for k in sorted(data):
-                _walk(name, data[k], dims, (*path, k), out)
+            children = [_walk(name, data[k], dims, (*path, k), out) for k in keys]
         else:
             raise _dim_type_error(name, "in_dims", path, dims, value)
         _check_td(name, path, value, out[start:])
-    elif isinstance(value, torch.Tensor):
+        return _Spec(TensorDict, value._spec or _td_spec(value), children)
+    if isinstance(value, torch.Tensor):
         if not _is_dim(dims):
             raise _dim_type_error(name, "in_dims", path, dims, value)
         if dims is not None:
@@ -126,15 +133,18 @@ def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> None:
                 )
             dims = d
         out.append(_Leaf(path, value, dims))
-    elif value is None:
+        return _LEAF
+    if value is None:
         out.append(_Leaf(path, None, None))  # a leaf of torch's pytree; nothing to map
-    elif type(value) in (list, tuple) or (isinstance(value, tuple) and hasattr(value, "_fields")):
+        return _LEAF
+    named = isinstance(value, tuple) and hasattr(value, "_fields")
+    if type(value) in (list, tuple) or named:
         if _is_dim(dims):
-            for i, v in enumerate(value):
-                _walk(name, v, dims, (*path, i), out)
+            children = [_walk(name, v, dims, (*path, i), out) for i, v in enumerate(value)]
         elif isinstance(dims, list | tuple) and len(dims) == len(value):
-            for i, (v, d) in enumerate(zip(value, dims)):
-                _walk(name, v, d, (*path, i), out)
+            children = [
+                _walk(name, v, d, (*path, i), out) for i, (v, d) in enumerate(zip(value, dims))
+            ]
         else:
             n = len(dims) if isinstance(dims, list | tuple) else None
             raise ValueError(
@@ -143,29 +153,32 @@ def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> None:
                 + f" but the input there is a {type(value).__name__} of {len(value)}; give one "
                 "int/None for all of it or a tuple with one entry per element."
             )
-    elif type(value) is dict:
+        if named:  # rare: torch's own spec of the node (its context is the class)
+            return torch_pytree.tree_structure(value)
+        return _Spec(type(value), None, children)
+    if type(value) is dict:
         if isinstance(dims, Mapping | TensorDict):
             dims = _mapping_dims(name, path, dims, value, "dict")
-            for k, v in value.items():
-                _walk(name, v, dims[k], (*path, k), out)
+            children = [_walk(name, v, dims[k], (*path, k), out) for k, v in value.items()]
         elif _is_dim(dims):
-            for k, v in value.items():
-                _walk(name, v, dims, (*path, k), out)
+            children = [_walk(name, v, dims, (*path, k), out) for k, v in value.items()]
         else:
             raise _dim_type_error(name, "in_dims", path, dims, value)
-    else:  # other pytree nodes (flattened by torch) and plain leaves
-        leaves = torch_pytree.tree_leaves(value)
-        if not _is_dim(dims):
-            raise _dim_type_error(name, "in_dims", path, dims, value)
-        for i, leaf in enumerate(leaves):
-            sub = path if len(leaves) == 1 and leaf is value else (*path, i)
-            if dims is not None and not isinstance(leaf, torch.Tensor):
-                raise TypeError(
-                    f"fd.vmap({name}): {fmt_path(sub)} is a {type(leaf).__name__}, not a tensor, "
-                    f"so it cannot be mapped (in_dims {dims}); give it in_dims=None, e.g. "
-                    "in_dims=(0, None), or pass it as a keyword argument (never mapped)."
-                )
-            out.append(_Leaf(sub, leaf, dims))
+        return _Spec(dict, list(value), children)
+    # other pytree nodes (flattened by torch) and plain leaves
+    leaves, spec = torch_pytree.tree_flatten(value)
+    if not _is_dim(dims):
+        raise _dim_type_error(name, "in_dims", path, dims, value)
+    for i, leaf in enumerate(leaves):
+        sub = path if len(leaves) == 1 and leaf is value else (*path, i)
+        if dims is not None and not isinstance(leaf, torch.Tensor):
+            raise TypeError(
+                f"fd.vmap({name}): {fmt_path(sub)} is a {type(leaf).__name__}, not a tensor, "
+                f"so it cannot be mapped (in_dims {dims}); give it in_dims=None, e.g. "
+                "in_dims=(0, None), or pass it as a keyword argument (never mapped)."
+            )
+        out.append(_Leaf(sub, leaf, dims))
+    return spec
 
 
 def _raise_not_batch(name: str, path: tuple, td: TensorDict, dim: int):
@@ -233,10 +246,8 @@ def _leaves(name: str, args: tuple, in_dims: Any) -> tuple[list, list, Any]:
             "argument write in_dims=({'a': 0, 'b': None},).)"
         )
     found: list[_Leaf] = []
-    _walk(name, args, dims, (), found)
-    flat, spec = torch_pytree.tree_flatten(args)
-    if len(flat) != len(found) or any(a is not b.value for a, b in zip(flat, found)):
-        raise AssertionError(f"fd.vmap({name}): internal error, leaves out of order")
+    spec = _walk(name, args, dims, (), found)
+    flat = [leaf.value for leaf in found]
     mapped = [leaf for leaf in found if leaf.dim is not None]
     if not mapped:
         raise ValueError(

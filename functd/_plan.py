@@ -1,0 +1,352 @@
+"""Straight-line plans: a Sequential call lowered once per input layout.
+
+A Sequential's reference call (``call_td`` running ``Sequential._step``) walks
+its children in a loop, each reading and writing a working dict. The plan of a
+(Sequential, layout) pair, where the layout is the td's keys, its number of
+batch dims and whether the call takes the hot path (no key, params given), is
+that same computation written out as straight-line Python, generated once and
+cached on the (frozen) Sequential value: read the inputs once into locals, call
+each step's function on plain tensors, build the output TensorDict once. It
+keeps the reference's semantics exactly, using the same building blocks:
+
+- outputs that fail the inline check (not a tensor, wrong batch dims, a tuple or
+  a mapping for several out_keys) go through ``_module._write_outputs``; the
+  params of a child go through ``_module._check_params``;
+- a child that is not a plain Module with str keys (a Probabilistic head, a
+  Sequential kept whole, nested keys) runs its own ``_run``/``_run_i`` on a dict
+  holding exactly the entries the reference's working dict holds at that point;
+- a layout where some child reads a key nothing provides, or params that are
+  not a TensorDict or lack a child's entry, fall back to the reference call,
+  which raises its usual error (nothing has run yet when the plan gives up).
+
+Under torch.compile (dynamo) the reference call runs: the traced graph is the
+same and the plan cache stays out of the guards. The cache holds at most
+``MAX_PLANS`` layouts per Sequential (then the reference call serves) and lives
+on the Sequential itself, so dropping the module drops its plans.
+
+Example:
+    >>> out = block(params, td)               # first call: builds the plan for td's layout
+    >>> ref = reference(block, params, td)    # the reference loop (tests compare the two)
+    >>> print(plan_source(block, td))         # the generated code
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ._module import Module, _bad_params, _empty_params, _write_outputs, call_td
+from ._params_check import _check_params
+from ._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec
+
+__all__ = ["MAX_PLANS", "plan_source", "reference", "run"]
+
+#: Most layouts planned per Sequential; further layouts take the reference call.
+MAX_PLANS = 16
+
+_Tensor = torch.Tensor
+#: Functions whose output has the shape of their (tensor) input: the batch-dims
+#: check of their output is implied by their input's, which is already checked.
+_SHAPE_KEEPING = frozenset(
+    {
+        torch.relu,
+        torch.tanh,
+        torch.sigmoid,
+        torch.neg,
+        torch.exp,
+        torch.abs,
+        F.relu,
+        F.gelu,
+        F.silu,
+        F.elu,
+        F.leaky_relu,
+        F.softplus,
+        F.mish,
+        F.hardtanh,
+        F.relu6,
+    }
+)
+
+
+def _keeps_shape(fn: Any) -> bool:
+    try:
+        return fn in _SHAPE_KEEPING
+    except TypeError:  # an unhashable callable
+        return False
+
+
+def _give_up(params: Any, data: dict, bs: torch.Size, key: Any, it: Any) -> None:
+    """The plan of a layout that the reference call must serve (it raises the error)."""
+    return None
+
+
+def _check_child(m: Module, p: Any) -> None:
+    if type(p) is not TensorDict:
+        _bad_params(m, p)
+    _check_params(m, p)
+
+
+def _write1(m: Module, bs: torch.Size, out: Any, key: str) -> Any:
+    w: dict = {}
+    _write_outputs(m, w, bs, out)
+    return w[key]
+
+
+def _write_n(m: Module, bs: torch.Size, out: Any) -> tuple:
+    w: dict = {}
+    _write_outputs(m, w, bs, out)
+    return tuple(w[k] for k in m.out_keys)
+
+
+def run(seq: Any, params: Any, td: TensorDict, key: Any, it: Any = None) -> TensorDict | None:
+    """``seq(params, td, key=key)`` through its plan for td's layout; None: the caller
+    runs the reference call (a layout the plan cannot serve, or bad params)."""
+    data = td._data
+    bs = td._batch_size
+    layout = (tuple(data), len(bs), key is None and type(params) is TensorDict)
+    plan = seq._plans.get(layout)
+    if plan is None:
+        if len(seq._plans) >= MAX_PLANS:
+            return None
+        plan = seq._plans[layout] = _compile(seq, layout)
+    return plan(params, data, bs, key, it)
+
+
+def reference(
+    seq: Any, params: Any, td: TensorDict, *, key: Any = None, interaction: Any = None
+) -> TensorDict:
+    """The reference call of ``seq``: its loop over the children, no plan."""
+    from ._probabilistic import ProbabilisticSequential, _resolve
+
+    if isinstance(seq, ProbabilisticSequential):
+        return call_td(seq, params, td, key, {}, seq._run_i, _resolve(interaction, seq))
+    return call_td(seq, params, td, key, {}, seq._run)
+
+
+def plan_source(seq: Any, td: TensorDict, *, key: Any = None, params: Any = None) -> str:
+    """The Python source of ``seq``'s plan for ``td``'s layout ("" when the reference
+    call serves it)."""
+    early = key is None and type(params) is TensorDict
+    return _generate(seq, (tuple(td._data), len(td._batch_size), early))[0]
+
+
+def _compile(seq: Any, layout: tuple):
+    src, ns = _generate(seq, layout)
+    if not src:
+        return _give_up
+    code = compile(src, f"<functd plan of {seq._label()}>", "exec")
+    exec(code, ns)
+    return ns["plan"]
+
+
+def _inline(m: Any) -> bool:
+    """A child the plan writes out: a plain Module with str keys and no state."""
+    return (
+        type(m) is Module
+        and not m._stateful
+        and all(type(k) is str for k in m.in_keys)
+        and all(type(k) is str for k in m.out_keys)
+    )
+
+
+def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
+    """(source, globals) of the plan; ("", {}) when the reference call must serve."""
+    from ._sequential import _early_drops
+    from .nn._linear import Linear
+
+    keys, n, early = layout
+    prob = hasattr(seq, "_psteps")
+    if seq._stateful:
+        return "", {}
+    drops = _early_drops(seq.modules, seq._drop) if early and not prob else None
+    ns: dict = {
+        "T": _Tensor,
+        "TD": TensorDict,
+        "_alloc": _alloc,
+        "_set_data": _set_data,
+        "_set_bs": _set_bs,
+        "_set_spec": _set_spec,
+        "_set_checked": _set_checked,
+        "_check_child": _check_child,
+        "_write1": _write1,
+        "_write_n": _write_n,
+        "_empty": _empty_params(),
+        "F_linear": F.linear,
+    }
+    lines: list[str] = []
+    emit = lines.append
+    # Static state of the working dict: which keys it holds (in insertion order), which
+    # of them sit in the dict ``base`` (the td's entries, or the dict an opaque child
+    # last ran on), and the local variable holding each key's latest value.
+    order: list[str] = list(keys)  # the reference dict's keys, in its order
+    live = set(keys)
+    in_base = set(keys)
+    var: dict[str, str] = {}  # key -> local holding its value
+    dirty: set[str] = set()  # keys whose value is in a local but not in base
+    base_is_data = True
+    counter = [0]
+
+    def fresh() -> str:
+        counter[0] += 1
+        return f"v{counter[0]}"
+
+    def read(k: str) -> str:
+        if k not in var:
+            v = fresh()
+            emit(f"    {v} = base[{k!r}]")
+            var[k] = v
+        return var[k]
+
+    def working_dict(name: str) -> None:
+        """Emit ``name`` = a dict equal to the reference's working dict at this point."""
+        live_order = [k for k in order if k in live]
+        if base_is_data:  # one dict display, in the reference dict's key order
+            body = ", ".join(f"{k!r}: {var.get(k, f'base[{k!r}]')}" for k in live_order)
+            emit(f"    {name} = {{{body}}}")
+            return
+        emit(f"    {name} = base")  # a dict of ours (made for an opaque child): reused
+        for k in live_order:
+            if k in dirty:
+                emit(f"    {name}[{k!r}] = {var[k]}")
+        for k in sorted(in_base - live):
+            emit(f"    del {name}[{k!r}]")
+
+    steps = seq._psteps if prob else tuple((*s, None) for s in seq._steps)
+    has_p = [s[2] for s in steps]
+    if seq._nparams < sys.maxsize:  # params with an entry no child owns: the loop raises
+        emit(f"    if type(params) is TD and len(params._data) > {seq._nparams}:")
+        emit("        return None")
+    if any(has_p):
+        emit("    if type(params) is not TD:")
+        emit("        return None")
+        emit("    pd = params._data")
+        emit("    try:")
+        for (name, *_), hp in zip(steps, has_p):
+            if hp:
+                emit(f"        p_{name} = pd[{name!r}]")
+        emit("    except KeyError:")
+        emit("        return None")
+    emit("    base = data")
+    if prob:
+        from ._probabilistic import Probabilistic, _draws
+
+        ns["_draws"] = _draws
+    if seq._random:
+        from .random import fold_in
+
+        ns["fold_in"] = fold_in
+    for i, (name, m, hp, rnd, idx, _, run_i) in enumerate(steps):
+        ns[f"M{i}"] = m
+        p = f"p_{name}" if hp else "None"
+        if _inline(m):
+            if any(k not in live for k in m.in_keys):
+                return "", {}  # the reference call raises the missing-input error
+            args = [read(k) for k in m.in_keys]
+            kw = ""
+            if rnd:
+                emit(f"    k{i} = None if key is None else fold_in(key, {idx})")
+                kw = f", key=k{i}"
+            kind = m._kind
+            if kind == 2:
+                ns[f"F{i}"] = m._plain
+                call = f"F{i}({', '.join(args)})"
+            elif kind == 0:
+                ns[f"F{i}"] = m._fn
+                emit(f"    if type({p}) is not TD or {p}._checked is not F{i}:")
+                emit(f"        _check_child(M{i}, {p})")
+                call = f"F{i}({', '.join([p, *args])}{kw})"
+                if type(m._fn).__call__ is Linear.__call__ and len(args) == 1:
+                    # Linear.__call__'s body, written out (tests compare it with the loop)
+                    call = f"F_linear({args[0]}, {p}._data['weight'], {p}._data.get('bias'))"
+            elif kind == 1:
+                ns[f"F{i}"] = m._fn
+                call = f"F{i}({', '.join(['_empty', *args])}{kw})"
+            else:
+                ns[f"F{i}"] = m._fn
+                kws = ", ".join(f"{a!r}: {v}" for a, v in zip(m._kwargs, args))
+                call = f"F{i}(**{{{kws}}})"
+            outs = m.out_keys
+            vs = [fresh() for _ in outs]
+            if len(outs) == 1:
+                o, v = outs[0], vs[0]
+                emit(f"    {v} = {call}")
+                if kind == 2 and len(args) == 1 and _keeps_shape(m._plain):
+                    cond = f"type({v}) is not T"  # same shape as its checked input
+                elif kind == 0 and type(m._fn) is Linear and len(args) == 1:
+                    # (..., in) -> (..., out): the batch dims stay when the input has a
+                    # feature dim beyond them
+                    cond = (
+                        f"type({v}) is not T or {args[0]}.ndim == {n}"
+                        if n
+                        else (f"type({v}) is not T")
+                    )
+                elif n == 0:
+                    cond = f"type({v}) is not T"
+                elif n == 1:  # one dim compared: cheaper than slicing the shape
+                    cond = f"type({v}) is not T or not {v}.ndim or {v}.shape[0] != bs[0]"
+                else:
+                    cond = f"type({v}) is not T or {v}.shape[:{n}] != bs"
+                emit(f"    if {cond}:")
+                emit(f"        {v} = _write1(M{i}, bs, {v}, {o!r})")
+            else:
+                emit(f"    {', '.join(vs)}, = _write_n(M{i}, bs, {call})")
+            for o, v in zip(outs, vs):
+                if o not in order:
+                    order.append(o)
+                live.add(o)
+                var[o] = v
+                dirty.add(o)
+        else:
+            working_dict("d")
+            d = "d"
+            if run_i is not None and type(m) is Probabilistic:
+                k = f"fold_in(key, {idx}) if key is not None and _draws(M{i}, it) else None"
+            elif rnd:
+                k = f"None if key is None else fold_in(key, {idx})"
+            else:
+                k = "key"
+            if run_i is not None:
+                emit(f"    M{i}._run_i({p}, {d}, bs, {k}, it)")
+            else:
+                emit(f"    M{i}._run({p}, {d}, bs, {k})")
+            emit(f"    base = {d}")
+            base_is_data = False
+            for o in getattr(m, "_drop", ()):  # what a Sequential child removes
+                if type(o) is str and o in live:
+                    live.discard(o)
+                    order.remove(o)  # written again later, it goes to the end
+            for o in m.out_keys:
+                top = o if type(o) is str else o[0]
+                if top not in order:
+                    order.append(top)
+                live.add(top)
+            in_base = set(live)
+            var.clear()
+            dirty.clear()
+        if drops is not None:
+            for k in drops[i]:
+                if k in live:
+                    live.discard(k)
+                    if k in var:
+                        emit(f"    del {var.pop(k)}")  # free the intermediate now
+                    dirty.discard(k)
+    for k in seq._drop:
+        if type(k) is str and k in live:
+            live.discard(k)
+            dirty.discard(k)
+            var.pop(k, None)
+    working_dict("out")
+    if any(type(k) is not str for k in seq._drop):
+        ns["SEQ"] = seq  # only then: no reference cycle module -> plan -> module otherwise
+        emit("    SEQ._drop_unselected(out)")
+    emit("    td = _alloc(TD)")  # _new without its dynamo check: plans run eagerly only
+    emit("    _set_data(td, out)")
+    emit("    _set_bs(td, bs)")
+    emit("    _set_spec(td, None)")
+    emit("    _set_checked(td, None)")
+    emit("    return td")
+    src = "def plan(params, data, bs, key, it):\n" + "\n".join(lines) + "\n"
+    return src, ns
