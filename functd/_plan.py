@@ -83,10 +83,14 @@ def _give_up(params: Any, data: dict, bs: torch.Size, key: Any, it: Any) -> None
     return None
 
 
-def _check_child(m: Module, p: Any) -> None:
+def _check_child(m: Module, p: Any) -> bool:
+    """Check a child's params; True when they hold DTensors: the plan then hands the
+    call to the loop, whose steps replicate plain inputs onto the params' mesh (the
+    steps run so far are pure, so running them again there changes nothing)."""
     if type(p) is not TensorDict:
         _bad_params(m, p)
     _check_params(m, p)
+    return p._checked is not m._fn
 
 
 def _write1(m: Module, bs: torch.Size, out: Any, key: str) -> Any:
@@ -256,7 +260,8 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
             elif kind == 0:
                 ns[f"F{i}"] = m._fn
                 emit(f"    if type({p}) is not TD or {p}._checked is not F{i}:")
-                emit(f"        _check_child(M{i}, {p})")
+                emit(f"        if _check_child(M{i}, {p}):")
+                emit("            return None")
                 call = f"F{i}({', '.join([p, *args])}{kw})"
                 if type(m._fn).__call__ is Linear.__call__ and len(args) == 1:
                     # Linear.__call__'s body, written out (tests compare it with the loop)
