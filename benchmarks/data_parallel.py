@@ -10,7 +10,12 @@ so no autorange); the time of a round is the slower rank's; the ratio is the
 median over rounds of the ratio of a round's two adjacent measurements (which
 cancels most of the drift of a shared machine's load); "CPU ratio" is the same
 with the processes' CPU time (gloo's threads included), steadier under load. The last column
-checks the result: params after 10 float64 Adam steps against DDP's. The last
+checks the result: params after 10 float64 Adam steps against DDP's; "target"
+is the goal for the step rows (functd within 1.1x of DDP). Two indented rows
+break the step down: the local step without any collective (functd's step with
+plain ``adam`` against ``nn`` + ``torch.optim.Adam`` without DDP) and
+``pmean().update`` alone against one bare ``dist.all_reduce`` of a flat buffer
+divided in place (the floor every data-parallel step pays). The last
 row is the cost of the cross-rank structure check if it ran on every call
 (``all_reduce(grads, check=True)`` against the default ``check="first"``).
 
@@ -28,6 +33,7 @@ import socket
 import statistics
 import sys
 import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -95,6 +101,45 @@ def slowest(seconds: float) -> float:
     return float(t)
 
 
+def local_pair(sizes, x, y):
+    """functd's step without pmean and nn + Adam without DDP (no collective)."""
+    net = make_net(sizes)
+    model = fd.Module(net, in_keys=["x"], out_keys=["y"])
+
+    def loss_fn(params, batch, key):
+        return ((model(params, x=batch["x"]) - batch["y"]) ** 2).mean()
+
+    opt = fd.optim.adam(1e-3)
+    step = fd.train_step(loss_fn, opt)
+    params = fd.from_module(net)
+    box = [run_functd((params, opt.init(params)), step, x, y, 5)]
+
+    def local(box=box):
+        box[0] = run_functd(box[0], step, x, y, STEPS)
+
+    torch_net = make_net(sizes)
+    return local, torch_net, torch.optim.Adam(torch_net.parameters(), lr=1e-3)
+
+
+def compare(ours, theirs) -> tuple[int, int, float, float]:
+    """Interleaved rounds of ``STEPS`` calls of each (order alternating), both ranks
+    starting every measurement together (a barrier); a round's time is the slower
+    rank's. Returns the median us per call of each, and the medians of the rounds'
+    paired wall and CPU ratios."""
+    a, b, ca, cb = [], [], [], []
+    for r in range(ROUNDS):
+        for who in ("a", "b") if r % 2 == 0 else ("b", "a"):
+            dist.barrier()
+            t0, c0 = time.perf_counter(), time.process_time()
+            ours() if who == "a" else theirs()
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            (a if who == "a" else b).append(slowest(wall) / STEPS)
+            (ca if who == "a" else cb).append(slowest(cpu) / STEPS)
+    ratio = statistics.median(x / y for x, y in zip(a, b))
+    cpu = statistics.median(x / y for x, y in zip(ca, cb))
+    return round(statistics.median(a) * 1e6), round(statistics.median(b) * 1e6), ratio, cpu
+
+
 def worker(rank: int, port: int, queue) -> None:
     torch.set_num_threads(1)
     dist.init_process_group(
@@ -114,39 +159,45 @@ def worker(rank: int, port: int, queue) -> None:
         err = max(float((a - b).abs().max()) for a, b in zip(fd.tree.leaves(params), ref))
         # speed, float32
         step, params, opt_state, ddp, topt, x, y = setup(sizes, rank, torch.float32)
-        state = run_functd((params, opt_state), step, x, y, 5)
+        box = [run_functd((params, opt_state), step, x, y, 5)]
         run_ddp(ddp, topt, x, y, 5)
-        ours, theirs, cpu_ours, cpu_theirs = [], [], [], []
-        for r in range(ROUNDS):
-            for who in ("f", "d") if r % 2 == 0 else ("d", "f"):
-                dist.barrier()
-                t0, c0 = time.perf_counter(), time.process_time()
-                if who == "f":
-                    state = run_functd(state, step, x, y, STEPS)
-                else:
-                    run_ddp(ddp, topt, x, y, STEPS)
-                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-                (ours if who == "f" else theirs).append(slowest(wall) / STEPS)
-                (cpu_ours if who == "f" else cpu_theirs).append(slowest(cpu) / STEPS)
-        f, d = statistics.median(ours) * 1e6, statistics.median(theirs) * 1e6
-        ratio = statistics.median(a / b for a, b in zip(ours, theirs))
-        cpu = statistics.median(a / b for a, b in zip(cpu_ours, cpu_theirs))
-        rows.append(
-            [name, "functd step", "DDP + Adam", round(f), round(d), ratio, cpu, f"{err:.1e}"]
-        )
-    # the cost of the cross-rank structure check when it runs on every call
-    grads = state[0]
-    every, first = [], []
-    for r in range(ROUNDS):
-        for check in (True, "first") if r % 2 == 0 else ("first", True):
-            dist.barrier()
-            t0 = time.perf_counter()
+
+        def functd_steps(box=box, step=step, x=x, y=y):
+            box[0] = run_functd(box[0], step, x, y, STEPS)
+
+        f, d, ratio, cpu = compare(functd_steps, partial(run_ddp, ddp, topt, x, y, STEPS))
+        rows.append([name, "functd step", "DDP + Adam", f, d, ratio, cpu, "<= 1.10", f"{err:.1e}"])
+        # the break-down: the local step (no collective) and the all-reduce alone
+        local, net, lopt = local_pair(sizes, x, y)
+        f, d, ratio, cpu = compare(local, partial(run_ddp, net, lopt, x, y, STEPS))
+        rows.append([name, "  local step (no pmean)", "nn + Adam (no DDP)", f, d, ratio, cpu])
+        grads, pm = box[0][0], fd.distributed.pmean()
+        pstate = pm.init(grads)
+        flat = torch._utils._flatten_dense_tensors(fd.tree.leaves(grads))
+
+        def pmean_only(grads=grads, pm=pm, pstate=pstate):
             for _ in range(STEPS):
-                fd.distributed.all_reduce(grads, check=check)
-            (every if check is True else first).append(slowest(time.perf_counter() - t0) / STEPS)
-    e, f = statistics.median(every) * 1e6, statistics.median(first) * 1e6
-    ratio = statistics.median(a / b for a, b in zip(every, first))
-    rows.append([name, "all_reduce check=True", "check='first'", round(e), round(f), ratio, "", ""])
+                pm.update(grads, pstate, grads)
+
+        def bare(flat=flat):
+            for _ in range(STEPS):
+                dist.all_reduce(flat.div_(WORLD))
+
+        f, d, ratio, cpu = compare(pmean_only, bare)
+        rows.append([name, "  pmean().update", "all_reduce(one buffer)", f, d, ratio, cpu])
+        state = box[0]
+
+    # the cost of the cross-rank structure check when it runs on every call
+    def check_every(grads=state[0]):
+        for _ in range(STEPS):
+            fd.distributed.all_reduce(grads, check=True)
+
+    def check_first(grads=state[0]):
+        for _ in range(STEPS):
+            fd.distributed.all_reduce(grads)
+
+    e, f, ratio, cpu = compare(check_every, check_first)
+    rows.append([name, "all_reduce check=True", "check='first'", e, f, ratio, cpu])
     if rank == 0:
         queue.put(rows)
     dist.destroy_process_group()
@@ -159,7 +210,7 @@ def main() -> None:
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
     mp.start_processes(worker, args=(port, queue), nprocs=WORLD, start_method="spawn")
-    rows = queue.get()
+    rows = [r + [""] * (9 - len(r)) for r in queue.get()]
     load = os.getloadavg()[0]
     print(f"# data-parallel step, {WORLD} gloo ranks, batch {BATCH} ({machine()}, load {load:.1f})")
     print(
@@ -172,6 +223,7 @@ def main() -> None:
                 "peer us",
                 "ratio",
                 "CPU ratio",
+                "target",
                 "max |params - DDP| f64",
             ],
             rows,
