@@ -121,6 +121,7 @@ def _flatten(td: TensorDict):
 
 
 def _unflatten(values, spec: _Spec) -> TensorDict:
+    canon = spec
     if spec.order is not None:  # give back the insertion order (keys() is ordered)
         perm, spec = spec._inorder or _inorder(spec)
         values = [values[j] for j in perm]
@@ -128,7 +129,11 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
         v = values[0]
         if isinstance(v, torch.Tensor):
             shape = v.shape
-            return _new(dict(zip(spec.keys, values)), shape[: max(len(shape) - spec.ranks[0], 0)])
+            n = len(shape) - spec.ranks[0]
+            td = _new(dict(zip(spec.keys, values)), shape[: max(n, 0)])
+            if n >= 0 and not _is_compiling():
+                _keep_spec(td, values, spec.ranks, n, canon)
+            return td
     values = list(values)
     for v, rank, full in zip(values, spec.ranks, spec.full):
         if full and isinstance(v, torch.Tensor | TensorDict):
@@ -143,6 +148,24 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
             if not full and isinstance(v, TensorDict):
                 values[i] = _rebatch(v, torch.Size((*bs, *v._batch_size[len(v._batch_size) - r :])))
     return _new(dict(zip(spec.keys, values)), bs)
+
+
+def _keep_spec(td: TensorDict, values: list, ranks: tuple, n: int, spec: _Spec) -> None:
+    """Give a TensorDict rebuilt from ``spec`` that spec when it is its own: every entry
+    keeps its rank beyond the ``n`` batch dims and holds a tensor (so the next flatten of
+    it, e.g. by torch.func after vmap or grad, skips recomputing it)."""
+    for v, r in zip(values, ranks):
+        if isinstance(v, torch.Tensor):
+            if v.ndim - n != r:
+                return
+        elif not (
+            isinstance(v, TensorDict)
+            and (s := v._spec) is not None
+            and s.all_full
+            and len(v._batch_size) - n == r
+        ):
+            return
+    _set_spec(td, spec)
 
 
 # ------------------------------------------------------------------ optree
