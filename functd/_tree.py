@@ -147,7 +147,10 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
         for i, (v, r, full) in enumerate(zip(values, spec.ranks, spec.full)):
             if not full and isinstance(v, TensorDict):
                 values[i] = _rebatch(v, torch.Size((*bs, *v._batch_size[len(v._batch_size) - r :])))
-    return _new(dict(zip(spec.keys, values)), bs)
+    td = _new(dict(zip(spec.keys, values)), bs)
+    if spec.all_full and not _is_compiling():  # (e.g. a TensorDict of TensorDicts)
+        _keep_spec(td, values, spec.ranks, len(bs), canon)
+    return td
 
 
 def _keep_spec(td: TensorDict, values: list, ranks: tuple, n: int, spec: _Spec) -> None:
