@@ -67,11 +67,19 @@ def _spec(td: TensorDict) -> _Spec:
         data = td._data
         keys = tuple(sorted(data))
         n = len(td._batch_size)
-        ranks = tuple(_rank(data[k], n) for k in keys)
-        full = tuple(_full(data[k]) for k in keys)
+        ranks, full = [], []  # one pass, no per-entry calls (as _rank and _full)
+        for k in keys:
+            v = data[k]
+            if isinstance(v, torch.Tensor):
+                ranks.append(v.ndim - n)
+                full.append(True)
+            else:
+                ranks.append(_rank(v, n))
+                full.append(_full(v))
         order = tuple(data)
         order = None if order == keys else order
-        spec = _Spec(keys, ranks, None if any(full) else tuple(td._batch_size), full, order)
+        bs = None if any(full) else tuple(td._batch_size)
+        spec = _Spec(keys, tuple(ranks), bs, tuple(full), order)
         if _is_compiling():
             object.__setattr__(td, "_spec", spec)
         else:
