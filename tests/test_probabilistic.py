@@ -562,5 +562,10 @@ def test_normal_head_random_invalid_params_raise_torchs_error(loc, scale, match)
     # the error torch.distributions.Normal raises for them
     head = fd.Probabilistic(["loc", "scale"], ["action"], D.Normal, return_log_prob=True)
     td = fd.TensorDict({"loc": torch.full((4,), loc), "scale": torch.full((4,), scale)}, [4])
-    with pytest.raises(ValueError, match=match):
-        head(None, td, key=fd.random.key(0), interaction=fd.InteractionType.RANDOM)
+    before = D.Distribution._validate_args  # (torch.compile of a distribution turns it off)
+    D.Distribution.set_default_validate_args(True)
+    try:
+        with pytest.raises(ValueError, match=match):
+            head(None, td, key=fd.random.key(0), interaction=fd.InteractionType.RANDOM)
+    finally:
+        D.Distribution.set_default_validate_args(before)
