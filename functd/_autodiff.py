@@ -185,10 +185,28 @@ def _grad_impl(f: Callable, argnums: Argnums, has_aux: bool, where_name: str):
 
     def run(*args: Any, **kwargs: Any) -> tuple[Any, Any, Any]:
         nums = _argnums(where, argnums, len(args))
-        _check_diff_inputs(where, args, nums)
-        g, out = torch.func.grad_and_value(checked, argnums=argnums, has_aux=has_aux)(
-            *args, **kwargs
-        )
+        # torch.func walks its argument trees ~5 times (wrap, mark, flatten, unflatten,
+        # unwrap): give it the flat leaves of what is differentiated instead, and
+        # rebuild the trees once inside and once for the gradients
+        leaves, spec = torch_pytree.tree_flatten(tuple(args[i] for i in nums))
+        if not all(map(_differentiable, leaves)):
+            _check_diff_inputs(where, args, nums)  # raises, naming the path
+        if not leaves:  # nothing to differentiate: torch's own call gives the empty trees
+            g, out = torch.func.grad_and_value(checked, argnums=argnums, has_aux=has_aux)(
+                *args, **kwargs
+            )
+        else:
+
+            def flat(*xs: Any) -> Any:
+                full = list(args)
+                for i, v in zip(nums, torch_pytree.tree_unflatten(list(xs), spec)):
+                    full[i] = v
+                return checked(*full, **kwargs)
+
+            nl = tuple(range(len(leaves)))
+            g, out = torch.func.grad_and_value(flat, argnums=nl, has_aux=has_aux)(*leaves)
+            g = torch_pytree.tree_unflatten(list(g), spec)
+            g = g if isinstance(argnums, tuple) else g[0]
         value, aux = out if has_aux else (out, None)
         return g, value, aux
 

@@ -450,10 +450,9 @@ def normal_fast(loc: Any, scale: Any, key: Tensor | None, log_prob: bool):
     ):
         return None
     check = D.Distribution._validate_args  # as torch: validate unless turned off
-    if check and not torch._is_all_true((loc == loc) & (scale > 0)):
-        return None
+    # one test of (x == x) & (scale > 0) in all: a draw is NaN where loc is (z is finite)
     x = loc if key is None else loc + fr.normal(key.to(loc.device), loc.shape, loc.dtype) * scale
-    if check and key is not None and not torch._is_all_true(x == x):
+    if check and not torch._is_all_true((x == x) & (scale > 0)):
         return None
     if not log_prob:
         return x, None

@@ -67,11 +67,19 @@ def _spec(td: TensorDict) -> _Spec:
         data = td._data
         keys = tuple(sorted(data))
         n = len(td._batch_size)
-        ranks = tuple(_rank(data[k], n) for k in keys)
-        full = tuple(_full(data[k]) for k in keys)
+        ranks, full = [], []  # one pass, no per-entry calls (as _rank and _full)
+        for k in keys:
+            v = data[k]
+            if isinstance(v, torch.Tensor):
+                ranks.append(v.ndim - n)
+                full.append(True)
+            else:
+                ranks.append(_rank(v, n))
+                full.append(_full(v))
         order = tuple(data)
         order = None if order == keys else order
-        spec = _Spec(keys, ranks, None if any(full) else tuple(td._batch_size), full, order)
+        bs = None if any(full) else tuple(td._batch_size)
+        spec = _Spec(keys, tuple(ranks), bs, tuple(full), order)
         if _is_compiling():
             object.__setattr__(td, "_spec", spec)
         else:
@@ -121,6 +129,7 @@ def _flatten(td: TensorDict):
 
 
 def _unflatten(values, spec: _Spec) -> TensorDict:
+    canon = spec
     if spec.order is not None:  # give back the insertion order (keys() is ordered)
         perm, spec = spec._inorder or _inorder(spec)
         values = [values[j] for j in perm]
@@ -128,7 +137,11 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
         v = values[0]
         if isinstance(v, torch.Tensor):
             shape = v.shape
-            return _new(dict(zip(spec.keys, values)), shape[: max(len(shape) - spec.ranks[0], 0)])
+            n = len(shape) - spec.ranks[0]
+            td = _new(dict(zip(spec.keys, values)), shape[: max(n, 0)])
+            if n >= 0 and not _is_compiling():
+                _keep_spec(td, values, spec.ranks, n, canon)
+            return td
     values = list(values)
     for v, rank, full in zip(values, spec.ranks, spec.full):
         if full and isinstance(v, torch.Tensor | TensorDict):
@@ -142,7 +155,28 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
         for i, (v, r, full) in enumerate(zip(values, spec.ranks, spec.full)):
             if not full and isinstance(v, TensorDict):
                 values[i] = _rebatch(v, torch.Size((*bs, *v._batch_size[len(v._batch_size) - r :])))
-    return _new(dict(zip(spec.keys, values)), bs)
+    td = _new(dict(zip(spec.keys, values)), bs)
+    if spec.all_full and not _is_compiling():  # (e.g. a TensorDict of TensorDicts)
+        _keep_spec(td, values, spec.ranks, len(bs), canon)
+    return td
+
+
+def _keep_spec(td: TensorDict, values: list, ranks: tuple, n: int, spec: _Spec) -> None:
+    """Give a TensorDict rebuilt from ``spec`` that spec when it is its own: every entry
+    keeps its rank beyond the ``n`` batch dims and holds a tensor (so the next flatten of
+    it, e.g. by torch.func after vmap or grad, skips recomputing it)."""
+    for v, r in zip(values, ranks):
+        if isinstance(v, torch.Tensor):
+            if v.ndim - n != r:
+                return
+        elif not (
+            isinstance(v, TensorDict)
+            and (s := v._spec) is not None
+            and s.all_full
+            and len(v._batch_size) - n == r
+        ):
+            return
+    _set_spec(td, spec)
 
 
 # ------------------------------------------------------------------ optree

@@ -106,7 +106,7 @@ def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> Any:
         start = len(out)
         data = value._data
         keys = sorted(data)
-        if isinstance(dims, Mapping | TensorDict):
+        if dims is not None and type(dims) is not int and isinstance(dims, Mapping | TensorDict):
             dims = _mapping_dims(name, path, dims, data, "TensorDict")
             children = [_walk(name, data[k], dims[k], (*path, k), out) for k in keys]
         elif _is_dim(dims):
@@ -121,7 +121,7 @@ def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> Any:
         _check_td(name, path, value, out[start:])
         return _Spec(TensorDict, value._spec or _td_spec(value), children)
     if isinstance(value, torch.Tensor):
-        if not _is_dim(dims):
+        if not (dims is None or type(dims) is int or _is_dim(dims)):
             raise _dim_type_error(name, "in_dims", path, dims, value)
         if dims is not None:
             d = dims + value.ndim if dims < 0 else dims

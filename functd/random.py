@@ -39,7 +39,7 @@ import operator
 from collections.abc import Sequence
 
 import torch
-from torch import Tensor
+from torch import Size, Tensor
 
 from . import _fused
 from ._threefry import (
@@ -100,8 +100,8 @@ def _check_key(fn: str, key: Tensor) -> Tensor:
 def _check_shape(fn: str, shape: Shape, name: str = "shape") -> tuple[int, ...]:
     if type(shape) is int and shape >= 0:
         return (shape,)  # the common cases, fast (SymInts under compile take the long way)
-    if type(shape) is tuple and all(type(d) is int and d >= 0 for d in shape):
-        return shape
+    if type(shape) in (tuple, Size) and {int} >= {*map(type, shape)} and min((0, *shape)) >= 0:
+        return tuple(shape)  # (C-level tests: no generator frames; torch.Size -> tuple)
     dims = (shape,) if not isinstance(shape, (Sequence, Tensor)) else shape
     try:
         if isinstance(shape, Tensor) or any(isinstance(d, bool) for d in dims):

@@ -245,3 +245,33 @@ def test_error_jacobian_of_td_output_wrt_tuple_argnums():
         fd.jacrev(f, argnums=(0, 1))(td, torch.ones(2, dtype=torch.float64))
     with pytest.raises(TypeError, match=r"output\['x'\] is a str"):
         fd.jacrev(lambda x: {"x": "no"})(torch.ones(2))
+
+
+def test_grad_of_nested_params_with_closed_over_args_matches_torch_func():
+    # fd.grad hands torch.func the flat leaves; the gradients, the value and aux must be
+    # torch.func.grad_and_value's on the same (dict-shaped) inputs, for argnums tuples
+    # with an empty TensorDict and tensors in non-differentiated args and kwargs
+    torch.manual_seed(0)
+    w, b, x, s = torch.randn(3, 2), torch.randn(3), torch.randn(5, 2), torch.randn(())
+    params = fd.TensorDict({"lin": {"w": w, "b": b}}, [])
+    empty = fd.TensorDict({}, [])
+
+    def loss(p, e, x, scale=None):
+        y = x @ p["lin", "w"].T + p["lin", "b"]
+        return (y.pow(2).mean() * scale, y.detach())
+
+    vg = fd.value_and_grad(loss, argnums=(0, 1), has_aux=True)
+    (v, aux), (g, ge) = vg(params, empty, x, scale=s)
+
+    def ref_loss(w, b, x, scale):
+        y = x @ w.T + b
+        return (y.pow(2).mean() * scale, y.detach())
+
+    (rw, rb), (rv, raux) = torch.func.grad_and_value(ref_loss, argnums=(0, 1), has_aux=True)(
+        w, b, x, s
+    )
+    torch.testing.assert_close(g["lin", "w"], rw)
+    torch.testing.assert_close(g["lin", "b"], rb)
+    assert isinstance(ge, fd.TensorDict) and list(ge.keys()) == []
+    torch.testing.assert_close(v, rv)
+    torch.testing.assert_close(aux, raux)

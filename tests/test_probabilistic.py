@@ -547,3 +547,25 @@ def test_eager_fast_paths_of_random_are_bitwise_the_traced_path(fn, shape):
     keys = fd.random.split(fd.random.key(3), 2)
     eager = torch.stack([f(k) for k in keys])
     assert torch.equal(eager, torch.func.vmap(f)(keys))
+
+
+@pytest.mark.parametrize(
+    ("loc", "scale", "match"),
+    [
+        (float("nan"), 1.0, "parameter loc"),  # torch's constructor check
+        (0.0, -1.0, "parameter scale"),
+        (float("-inf"), float("inf"), "within the support"),  # the draw is NaN: log_prob's
+    ],
+)
+def test_normal_head_random_invalid_params_raise_torchs_error(loc, scale, match):
+    # the fast Normal path tests validity once after the draw; bad inputs still meet
+    # the error torch.distributions.Normal raises for them
+    head = fd.Probabilistic(["loc", "scale"], ["action"], D.Normal, return_log_prob=True)
+    td = fd.TensorDict({"loc": torch.full((4,), loc), "scale": torch.full((4,), scale)}, [4])
+    before = D.Distribution._validate_args  # (torch.compile of a distribution turns it off)
+    D.Distribution.set_default_validate_args(True)
+    try:
+        with pytest.raises(ValueError, match=match):
+            head(None, td, key=fd.random.key(0), interaction=fd.InteractionType.RANDOM)
+    finally:
+        D.Distribution.set_default_validate_args(before)

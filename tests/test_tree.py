@@ -245,3 +245,35 @@ def test_pure_methods_never_change_input(td, data):
     if keys:
         td.rename({key: "renamed"})
     assert_same_state(td, before)
+
+
+@pytest.mark.parametrize(
+    ("fn", "keeps"),
+    [
+        (lambda x: x * 2, True),
+        (lambda x: x.unsqueeze(0), True),  # batch [1, 3]: every rank beyond it kept
+        (lambda x: x.sum(0), True),  # batch []
+        (lambda x: x if x.ndim == 3 else x[..., None], False),  # 'b' gains a feature dim
+    ],
+)
+def test_rebuilt_tensordict_spec_is_the_one_computed_from_scratch(fn, keeps):
+    # torch's unflatten may hand a rebuilt TensorDict the spec it came from (when every
+    # entry keeps its rank); whatever it keeps must equal a spec computed afresh
+    from functd._tree import _spec
+
+    td = fd.TensorDict(
+        {"w": torch.ones(3, 2, 4), "b": torch.ones(3, 2), "sub": {"z": torch.ones(3, 5)}}, [3]
+    )
+    out = torch_pytree.tree_map(fn, td)
+    assert (out._spec is not None) == keeps
+    for o in (out, out["sub"]):
+        f = copy.copy(o)
+        object.__setattr__(f, "_spec", None)
+        s, r = _spec(o), _spec(f)
+        assert (s.keys, s.ranks, s.full, s.order, s.batch_size) == (
+            r.keys,
+            r.ranks,
+            r.full,
+            r.order,
+            r.batch_size,
+        )
