@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import copy
 import os
-import statistics
 import sys
-import time
 
 import torch
 from torch.func import functional_call, stack_module_state
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import DEVICE, ON_GPU, machine, median_us, table
+from _common import CLOCK, DEVICE, clock_us, machine, table
 from tutorial_block import ResidualBlock, functd_block
 
 import functd as fd
@@ -44,33 +42,6 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 RUN_TIME = float(os.environ.get("BENCH_MIN_RUN_TIME", "0.1"))  # per measurement and round
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 # "process": CPU time; "wall": median_us (always on the GPU, BENCH_DEVICE=cuda)
-CLOCK = "wall" if ON_GPU else os.environ.get("BENCH_CLOCK", "process")
-
-
-def cpu_us(fn, min_time: float = RUN_TIME) -> float:
-    """Median CPU time of ``fn()`` in µs, from this process's CPU clock: with one thread
-    it is the work done, whatever else the (shared) machine runs meanwhile."""
-    if CLOCK == "wall":
-        return median_us(fn, min_time)
-    fn()
-    n = 1
-    while True:
-        t0 = time.process_time()
-        for _ in range(n):
-            fn()
-        dt = time.process_time() - t0
-        if dt > 0.005 or n > 1 << 16:
-            break
-        n *= 2
-    times, total = [], 0.0
-    while total < min_time or len(times) < 5:
-        t0 = time.process_time()
-        for _ in range(n):
-            fn()
-        dt = time.process_time() - t0
-        times.append(dt / n)
-        total += dt
-    return statistics.median(times) * 1e6
 
 
 def cases(n: int):
@@ -172,8 +143,8 @@ def main():
         for n, fns in all_cases.items():
             for name, (fwd, bwd) in fns.items():
                 with torch.no_grad():
-                    t_fwd = cpu_us(fwd)
-                t_bwd = cpu_us(bwd)
+                    t_fwd = clock_us(fwd, RUN_TIME)
+                t_bwd = clock_us(bwd, RUN_TIME)
                 old = results.get((name, n), (float("inf"), float("inf")))
                 results[(name, n)] = (min(old[0], t_fwd), min(old[1], t_bwd))
     rows = []
