@@ -42,6 +42,7 @@ import torch
 from torch import Size, Tensor
 
 from . import _fused
+from ._erfinv import _erfinv32, _sqrt2_erfinv
 from ._threefry import (
     _M32,
     _hash,
@@ -75,11 +76,6 @@ _BITS = {
     torch.uint64: (64, torch.int64), torch.int64: (64, torch.int64),
 }  # fmt: skip
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
-# Giles' single-precision erfinv coefficients for w < 5 and w >= 5, as in XLA.
-_ERFINV_LT = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
-              0.00021858087, -0.00125372503, -0.00417768164, 0.246640727, 1.50140941)  # fmt: skip
-_ERFINV_GT = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
-              0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)  # fmt: skip
 
 
 # -- validation ---------------------------------------------------------------
@@ -340,51 +336,6 @@ def uniform(
     hi = _param("uniform", "maxval", maxval, dtype, key.device)
     _check_broadcast("uniform", shape, lo.shape, hi.shape)
     return _scaled(u, lo, hi)
-
-
-_COEFS: dict = {}
-
-
-def _erfinv_coefs(ndim: int, device: torch.device) -> tuple[Tensor, ...]:
-    """The (2, 1, ..., 1) float32 coefficient pairs of both polynomials (cached, read-only)."""
-    out = _COEFS.get((ndim, device))
-    if out is None:
-        both = torch.tensor([_ERFINV_LT, _ERFINV_GT], dtype=torch.float32, device=device)
-        out = tuple(both[:, i].reshape(2, *[1] * ndim) for i in range(both.shape[1]))
-        _COEFS[(ndim, device)] = out
-    return out
-
-
-def _erfinv32(x: Tensor) -> Tensor:
-    """XLA's float32 ``erf_inv`` (Giles' polynomials, both evaluated everywhere).
-
-    torch.erfinv is more accurate in the tails, where XLA's is up to ~90 ulp off.
-    """
-    ip = _inplace_ok(x)  # x is a fresh buffer of ours
-    w = torch.mul(x, x).neg_().log1p_().neg_() if ip else -torch.log1p(x * -x)
-    lt, edge = w < 5.0, torch.isinf(w)  # edge: |x| == 1
-    wg = torch.sqrt(w) - 3.0
-    wl = w.sub_(2.5) if ip else w - 2.5
-    if ip:  # both polynomials at once on a stacked buffer: half the tiny ops
-        coefs = _erfinv_coefs(w.ndim, w.device)
-        ws = torch.stack([wl, wg])
-        p = torch.empty_like(ws).copy_(coefs[0])
-        for c in coefs[1:]:
-            p.mul_(ws).add_(c)
-        return torch.where(lt, p[0], p[1]).masked_fill_(edge, math.inf).mul_(x)
-    pl, pg = torch.full_like(w, _ERFINV_LT[0]), torch.full_like(w, _ERFINV_GT[0])
-    for a, b in zip(_ERFINV_LT[1:], _ERFINV_GT[1:]):
-        pl, pg = a + pl * wl, b + pg * wg
-    return torch.where(lt, pl, pg).masked_fill(edge, math.inf) * x
-
-
-def _sqrt2_erfinv(u: Tensor, dtype: torch.dtype) -> Tensor:
-    """``sqrt(2) * erf_inv(u)`` as jax computes it (16-bit floats via float32, like XLA)."""
-    sqrt2 = torch.tensor(math.sqrt(2.0), dtype=dtype, device=u.device)
-    if dtype == torch.float64:
-        return torch.erfinv(u) * sqrt2
-    z = _erfinv32(u.float()).to(dtype)
-    return z.mul_(sqrt2) if _inplace_ok(z) else z * sqrt2
 
 
 def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -> Tensor:
