@@ -7,46 +7,46 @@ Example:
     ('x', 'y')
 """
 
-from . import _tree
 from . import distributed as distributed
 from . import nn as nn
 from . import optim as optim
 from . import random as random
 from . import testing as testing
-from ._autodiff import grad as grad
-from ._autodiff import hessian as hessian
-from ._autodiff import jacfwd as jacfwd
-from ._autodiff import jacrev as jacrev
-from ._autodiff import jvp as jvp
-from ._autodiff import value_and_grad as value_and_grad
-from ._autodiff import vjp as vjp
-from ._axes import axis_size as axis_size
-from ._axes import pmean as pmean
-from ._axes import psum as psum
-from ._cuda_graph import CudaGraphWarning as CudaGraphWarning
-from ._cuda_graph import cuda_graph as cuda_graph
-from ._distributions import InteractionType as InteractionType
-from ._distributions import set_interaction_type as set_interaction_type
-from ._io import load as load
-from ._io import save as save
-from ._module import Module as Module
-from ._param_extractor import NormalParamExtractor as NormalParamExtractor
-from ._params import from_module as from_module
-from ._params import to_module as to_module
-from ._probabilistic import CompositeDistribution as CompositeDistribution
-from ._probabilistic import Probabilistic as Probabilistic
-from ._probabilistic import ProbabilisticSequential as ProbabilisticSequential
-from ._sequential import Sequential as Sequential
-from ._shape import cat as cat
-from ._shape import stack as stack
-from ._shape import unbind as unbind
-from ._shape import unstack as unstack
+from ._modules._distributions import InteractionType as InteractionType
+from ._modules._distributions import set_interaction_type as set_interaction_type
+from ._modules._module import Module as Module
+from ._modules._params import from_module as from_module
+from ._modules._params import to_module as to_module
+from ._modules._probabilistic import CompositeDistribution as CompositeDistribution
+from ._modules._probabilistic import Probabilistic as Probabilistic
+from ._modules._probabilistic import ProbabilisticSequential as ProbabilisticSequential
+from ._modules._sequential import Sequential as Sequential
 from ._td import TensorDict as TensorDict
+from ._td import _tree
+from ._td._io import load as load
+from ._td._io import save as save
+from ._td._shape import cat as cat
+from ._td._shape import stack as stack
+from ._td._shape import unbind as unbind
+from ._td._shape import unstack as unstack
+from ._td._tree import tree as tree
 from ._train import fit as fit
 from ._train import train_step as train_step
-from ._tree import tree as tree
-from ._vmap import TransformError as TransformError
-from ._vmap import vmap as vmap
+from ._transforms._autodiff import grad as grad
+from ._transforms._autodiff import hessian as hessian
+from ._transforms._autodiff import jacfwd as jacfwd
+from ._transforms._autodiff import jacrev as jacrev
+from ._transforms._autodiff import jvp as jvp
+from ._transforms._autodiff import value_and_grad as value_and_grad
+from ._transforms._autodiff import vjp as vjp
+from ._transforms._axes import axis_size as axis_size
+from ._transforms._axes import pmean as pmean
+from ._transforms._axes import psum as psum
+from ._transforms._cuda_graph import CudaGraphWarning as CudaGraphWarning
+from ._transforms._cuda_graph import cuda_graph as cuda_graph
+from ._transforms._vmap import TransformError as TransformError
+from ._transforms._vmap import vmap as vmap
+from .nn._param_extractor import NormalParamExtractor as NormalParamExtractor
 
 __version__ = "0.1.0"
 

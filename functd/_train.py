@@ -26,9 +26,9 @@ import torch
 from torch import Tensor
 
 from . import random as fr
-from ._shape import stack
 from ._td import TensorDict
-from ._tree import tree
+from ._td._shape import stack
+from ._td._tree import tree
 from .optim import _leaves as L
 from .optim._base import GradientTransformation, apply_updates
 
@@ -257,7 +257,7 @@ def fit(
 
 def _checkpoint(path, params, opt_state, epoch: int, dp) -> None:
     if dp is None or dp.main:
-        from ._io import save
+        from ._td._io import save
 
         save({"params": params, "opt_state": opt_state, "epoch": torch.tensor(epoch + 1)}, path)
     if dp is not None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ._td import TensorDict
-from ._tree import tree
+from ._td._tree import tree
 
 __all__ = ["EXAMPLES", "assert_close", "batch_shapes", "example_tensordicts", "tensordicts"]
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 from conformance import ENTRIES, call, params_for
 
 import functd as fd
-from functd._cuda_graph import signature
+from functd._transforms._cuda_graph import signature
 from functd.testing import assert_close
 
 
@@ -428,7 +428,7 @@ def test_cuda_recorder_call_sequence(monkeypatch):
     inside ``torch.cuda.graph`` on the inputs' device."""
     from contextlib import contextmanager
 
-    from functd._cuda_graph import _CudaRecorder
+    from functd._transforms._cuda_graph import _CudaRecorder
 
     log = []
 

@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import functd as fd
-from functd._vmap import _walk
+from functd._transforms._vmap import _walk
 
 X = torch.zeros(4, 3)
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 import functd as fd
-from functd._keys import as_keys
+from functd._modules._keys import as_keys
 
 tensordict = pytest.importorskip("tensordict")
 tdnn = pytest.importorskip("tensordict.nn")

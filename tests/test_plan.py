@@ -1,6 +1,6 @@
 """The straight-line plan of a Sequential call against its reference loop.
 
-``functd._plan.reference`` runs the loop the plan replaces; every call here is
+``functd._modules._plan.reference`` runs the loop the plan replaces; every call here is
 compared with it: outputs (values, key order, batch size), intermediates,
 selected out keys, error messages, and the same under fd.vmap, fd.grad and
 torch.compile. The plan cache is bounded and lives on the module.
@@ -17,8 +17,8 @@ from torch import distributions as D
 from torch import nn
 
 import functd as fd
-from functd import _plan
-from functd._plan import plan_source, reference
+from functd._modules import _plan
+from functd._modules._plan import plan_source, reference
 
 
 def same(a: fd.TensorDict, b: fd.TensorDict) -> None:

@@ -10,7 +10,7 @@ from torch import distributions as D
 from torch import nn
 
 import functd as fd
-from functd._distributions import SUPPORTED, draw
+from functd._modules._distributions import SUPPORTED, draw
 from functd.testing import assert_close
 
 RANDOM = fd.InteractionType.RANDOM

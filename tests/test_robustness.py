@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import functd as fd
-from functd import _params_check as _module
+from functd._modules import _params_check as _module
 from functd.testing import assert_close
 
 

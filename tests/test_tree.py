@@ -259,7 +259,7 @@ def test_pure_methods_never_change_input(td, data):
 def test_rebuilt_tensordict_spec_is_the_one_computed_from_scratch(fn, keeps):
     # torch's unflatten may hand a rebuilt TensorDict the spec it came from (when every
     # entry keeps its rank); whatever it keeps must equal a spec computed afresh
-    from functd._tree import _spec
+    from functd._td._tree import _spec
 
     td = fd.TensorDict(
         {"w": torch.ones(3, 2, 4), "b": torch.ones(3, 2), "sub": {"z": torch.ones(3, 5)}}, [3]

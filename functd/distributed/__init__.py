@@ -15,8 +15,8 @@ Example:
 """
 
 # collectives and data parallelism
-from .._axes import axis as axis
-from .._dtensor import is_dtensor as is_dtensor
+from .._td._dtensor import is_dtensor as is_dtensor
+from .._transforms._axes import axis as axis
 from ._collectives import all_gather as all_gather
 from ._collectives import all_reduce as all_reduce
 from ._collectives import broadcast as broadcast

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._td import TensorDict
-from .._tree import tree as fdtree
+from .._td._tree import tree as fdtree
 from ..optim import _leaves as L
 from ._group import check_structure, resolve
 

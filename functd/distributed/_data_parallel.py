@@ -26,7 +26,7 @@ from typing import Any
 from torch import Tensor
 
 from .._td import TensorDict
-from .._tree import tree as fdtree
+from .._td._tree import tree as fdtree
 from ..optim import _leaves as L
 from ..optim._base import GradientTransformation, transformation
 from ..optim._errors import not_a_td

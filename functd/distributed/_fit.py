@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .._tree import tree as fdtree
+from .._td._tree import tree as fdtree
 from ._collectives import _is_dtensor, all_reduce, broadcast
 from ._group import resolve
 
@@ -135,7 +135,7 @@ class DataParallel:
         rank 0's), one all-reduce for the whole epoch."""
         if not metrics or self.world == 1:
             return metrics
-        from .._shape import stack, unbind
+        from .._td._shape import stack, unbind
 
         hist = stack(metrics)
         leaves, spec = fdtree.flatten(hist)

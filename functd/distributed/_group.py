@@ -102,7 +102,7 @@ def check_structure(
 
 
 def _raise_mismatch(where, group, world, tree, leaves, prints) -> None:
-    from .._tree import tree as fdtree
+    from .._td._tree import tree as fdtree
 
     paths = [".".join(map(str, p)) or "<root>" for p in fdtree.paths(tree)]
     desc = [(p, _describe(x)) for p, x in zip(paths, leaves)]

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .._dtensor import _base, is_dtensor, mixed_mesh_error, replicated, seen
 from .._td import TensorDict, _new
+from .._td._dtensor import _base, is_dtensor, mixed_mesh_error, replicated, seen
 
 __all__ = ["gather", "replicate", "shard"]
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from torch import nn
 
-from .._dtensor import seen
+from .._td._dtensor import seen
 
 __all__ = ["fsdp_meta_copy", "is_fsdp", "orig_type", "user_hooks"]
 

@@ -20,8 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from .._dtensor import is_dtensor
 from .._td import TensorDict
+from .._td._dtensor import is_dtensor
 from . import _activation as A
 from ._attention import MultiheadAttention
 from ._base import Layer, set_derived

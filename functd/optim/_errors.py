@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import fmt_key, fmt_keys
-from .._tree import tree
+from .._td._tree import tree
 
 SPLIT_HINT = (
     "Optimizers update floating-point tensors only: split non-trainable entries "

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .._td import TensorDict, _new
-from .._tree import _spec, tree
+from .._td._tree import _spec, tree
 from . import _errors as E
 
 Scalar = float | Tensor

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from .._td import TensorDict
-from .._tree import tree
+from .._td._tree import tree
 from . import _leaves as L
 from ._base import GradientTransformation, transformation
 

@@ -32,7 +32,8 @@ import torch
 from torch import Tensor
 from torch import distributions as D
 
-from . import _errors as E
+from .. import _errors as E
+from .._td import Key, TensorDict, _is_dynamo
 from . import _plan
 from ._composite import CompositeDistribution, many, sample_shape
 from ._distributions import (
@@ -55,7 +56,6 @@ from ._module import (
 )
 from ._prob_args import _check_key_arg, _freeze, parse_head, write_composite
 from ._sequential import Sequential
-from ._td import Key, TensorDict, _is_dynamo
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
 
@@ -556,7 +556,7 @@ class ProbabilisticSequential(Sequential):
                 k = None  # a head that will not draw: no key to derive
             elif rnd and key is not None:
                 if fold_in is None:
-                    from .random import fold_in
+                    from ..random import fold_in
                 k = fold_in(key, idx)
             if dists is not None and _is_head(m):
                 dists[i] = (m, m._dist(data), k)

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from . import _errors as E
+from .. import _errors as E
+from .._td import Key, TensorDict, _is_dynamo, _new
 from . import _plan
 from ._module import (
     COLLECT,
@@ -33,7 +34,6 @@ from ._module import (
     call_td,
     positional_call,
 )
-from ._td import Key, TensorDict, _is_dynamo, _new
 
 __all__ = ["Sequential"]
 
@@ -299,8 +299,8 @@ class Sequential:
     # ---------------------------------------------------------------- params
     def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
         """Fresh parameters nested by position; module ``i`` gets ``fold_in(key, i)``."""
-        from .nn import as_key
-        from .random import fold_in
+        from ..nn import as_key
+        from ..random import fold_in
 
         key = as_key(key)
         data = {}
@@ -371,7 +371,7 @@ class Sequential:
         for name, m, has_p, rnd, idx, run in self._steps:
             p = self._child_params(params, pdata, name, m) if has_p else None
             if rnd and key is not None:
-                from .random import fold_in
+                from ..random import fold_in
 
                 k = fold_in(key, idx)
             else:

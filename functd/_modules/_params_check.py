@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from . import _dtensor as _dt
-from . import _errors as E
-from ._dtensor import set_placed as _set_placed
-from ._td import TensorDict, _set_checked
+from .. import _errors as E
+from .._td import TensorDict, _set_checked
+from .._td import _dtensor as _dt
+from .._td._dtensor import _base, _from_local, mixed_mesh_error, one_mesh, seen
 
 __all__ = ["_check_params", "_layout"]
 
@@ -87,7 +87,7 @@ def _check_params(m: Any, params: TensorDict) -> None:
                 if type(v) is not _Tensor or v.shape != shape:  # DTensors: the slow path
                     break
             else:  # after a DTensor was met, look under torch.func's wrappers too
-                _set_checked(params, _dt.placed_mark(m, data.items()) if _dt.SEEN else m._fn)
+                _set_checked(params, placed_mark(m, data.items()) if _dt.SEEN else m._fn)
                 return
     expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
     got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
@@ -106,4 +106,56 @@ def _check_params(m: Any, params: TensorDict) -> None:
                 f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
             )
     if not compiling:  # the layer, or a Placed mark when params hold DTensors
-        _set_placed(params, m, got.items())
+        _set_checked(params, placed_mark(m, got.items()))
+
+
+class Placed:
+    """The ``_checked`` mark of params that passed a layer's check and hold DTensors."""
+
+    __slots__ = ("fn", "mesh")
+
+    def __init__(self, fn: Any, mesh: Any) -> None:
+        self.fn, self.mesh = fn, mesh
+
+
+def placed_mark(m: Any, items: Any) -> Any:
+    """What ``_check_params`` stores in ``params._checked``: the layer itself for plain
+    params, a ``Placed`` record (layer + mesh) for params holding DTensors."""
+    mesh = one_mesh(m._label(), items)
+    if mesh is None:
+        return m._fn
+    seen()
+    return Placed(m._fn, mesh)
+
+
+def _replicate(m: Any, args: Any, mesh: Any) -> Any:
+    from torch.distributed.tensor import DTensor, Replicate
+
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, _Tensor) and not isinstance(_base(a), DTensor):
+            a = _from_local(m, i, a, mesh, DTensor, Replicate)
+        elif isinstance(_base(a), DTensor) and _base(a).device_mesh != mesh:
+            key = m.in_keys[i] if i < len(m.in_keys) else i
+            raise mixed_mesh_error(m._label(), "params", mesh, key, _base(a).device_mesh)
+        out.append(a)
+    return out
+
+
+def placed_inputs(m: Any, params: TensorDict, args: Any) -> Any:
+    """Called by a module with params when ``params._checked is not m._fn``: check the
+    params (once per params TensorDict), and when they hold DTensors return ``args``
+    with every plain tensor replicated on their mesh; else ``args`` unchanged."""
+    mark = params._checked
+    if type(mark) is not Placed or mark.fn is not m._fn:
+        from .._modules._params_check import _check_params
+
+        _check_params(m, params)
+        mark = params._checked
+        if mark is m._fn:
+            return args
+        if type(mark) is not Placed:  # under torch.compile nothing is stored: look again
+            mark = placed_mark(m, params.items(True, True))
+            if type(mark) is not Placed:
+                return args
+    return _replicate(m, args, mark.mesh)

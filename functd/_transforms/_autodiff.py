@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as torch_pytree
 
-from ._td import TensorDict, _new
+from .._td import TensorDict, _new
 
 __all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "value_and_grad", "vjp"]
 

@@ -22,13 +22,13 @@ from typing import Any
 
 import torch
 
-from . import _errors as E
-from ._dtensor import placed_inputs as _placed_inputs
+from .. import _errors as E
+from .._td import Key, TensorDict, _new
 from ._keys import as_keys
-from ._outputs import _write as _write  # re-exported: _probabilistic writes through it
+from ._outputs import _write as _write
 from ._outputs import _write_outputs, positional_call
-from ._params_check import _layout as _layout  # re-exported for the call path
-from ._td import Key, TensorDict, _new
+from ._params_check import _layout as _layout
+from ._params_check import placed_inputs as _placed_inputs
 
 __all__ = ["Module", "as_keys", "positional_call"]
 
@@ -47,13 +47,13 @@ def _kwarg_name(key: Key) -> str:
 
 
 def _is_layer(fn: Any) -> bool:
-    from .nn import Layer
+    from ..nn import Layer
 
     return isinstance(fn, Layer)
 
 
 def _lower(fn: torch.nn.Module):
-    from .nn import FunctionalCall, lower
+    from ..nn import FunctionalCall, lower
 
     layer = lower(fn)
     return layer if layer is not None else FunctionalCall(fn)

@@ -28,7 +28,7 @@ import optree.pytree
 import torch
 import torch.utils._pytree as torch_pytree
 
-from ._td import TensorDict, _is_compiling, _new, _set_spec
+from ._tensordict import TensorDict, _is_compiling, _new, _set_spec
 
 __all__ = ["NAMESPACE", "tree"]
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
+from .._td import TensorDict, _new
 from ._module import Module
 from ._sequential import Sequential
-from ._td import TensorDict, _new
 
 __all__ = ["from_module", "to_module"]
 
@@ -31,7 +31,7 @@ def from_module(module: Any) -> TensorDict:
         TypeError: an ``fd.Module`` with parameters that wraps no torch module
             (its weights exist only as ``init`` results).
     """
-    from .nn import state_to_td
+    from ..nn import state_to_td
 
     if isinstance(module, Sequential):
         data = {}
@@ -65,7 +65,7 @@ def to_module(params: TensorDict, module: Any) -> Any:
     Raises:
         KeyError, ValueError: missing/unexpected entries or wrong shapes (names the path).
     """
-    from .nn import load_td
+    from ..nn import load_td
 
     if isinstance(module, Sequential):
         for name, m in zip(module.names, module.modules):

@@ -37,9 +37,9 @@ import torch
 from torch import Tensor
 from torch import distributions as D
 
-from . import _errors as E
+from .. import _errors as E
+from .._td import Key, TensorDict
 from ._distributions import InteractionType, _deterministic, add_suffix, draw, value
-from ._td import Key, TensorDict
 
 __all__ = ["CompositeDistribution"]
 
@@ -185,7 +185,7 @@ class CompositeDistribution(D.Distribution, Mapping):
     def sample(self, key: Tensor, sample_shape: Sequence[int] = ()) -> TensorDict:
         """A TensorDict of draws (batch ``sample_shape + batch_shape``); component ``i``
         draws under ``fold_in(key, i)``, reparameterised where it can be."""
-        from .random import fold_in
+        from ..random import fold_in
 
         shape = torch.Size(sample_shape)
         vals = {k: draw(d, fold_in(key, i), shape) for i, (k, d) in enumerate(self.dists.items())}
@@ -261,7 +261,7 @@ class CompositeDistribution(D.Distribution, Mapping):
         self, samples_mc: int = 1, *, include_sum: bool = False, key: Tensor | None = None
     ) -> TensorDict:
         """A TensorDict of ``<key>_entropy`` entries (and their sum at ``entropy_key``)."""
-        from .random import fold_in
+        from ..random import fold_in
 
         vals, total, n = {}, 0.0, len(self.batch_shape)
         for i, (k, d) in enumerate(self.dists.items()):
@@ -303,7 +303,7 @@ def many(call: Callable[[Any], Any], shape: tuple[int, ...], key: Tensor | None)
     """``num_samples``: ``call(k)`` vmapped over ``fd.random.split(key, prod(shape))``
     reshaped to ``(*shape, 2)`` (the leading dims of every output); without a key,
     the one (deterministic) output repeated."""
-    from .random import split
+    from ..random import split
 
     if key is None:
         args, f = torch.zeros(shape), lambda _: call(None)

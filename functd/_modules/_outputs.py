@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from . import _errors as E
-from ._td import Key, TensorDict, _new, _set_path
+from .. import _errors as E
+from .._td import Key, TensorDict, _new, _set_path
 
 __all__ = ["positional_call"]
 

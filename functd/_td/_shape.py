@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from . import _errors as E
-from ._td import TensorDict, _new
+from .. import _errors as E
+from ._tensordict import TensorDict, _new
 
 __all__ = [
     "cat",

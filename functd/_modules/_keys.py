@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ._td import Key, _check_key
+from .._td import Key, _check_key
 
 __all__ = ["as_keys"]
 

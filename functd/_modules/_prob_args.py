@@ -13,11 +13,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from . import _errors as E
+from .. import _errors as E
+from .._td import Key, TensorDict
 from ._composite import SUM_LOG_PROB, CompositeDistribution, write_names
 from ._distributions import add_suffix
 from ._module import _write, as_keys
-from ._td import Key, TensorDict
 
 
 def _path(key: Key) -> tuple[str, ...]:

@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from ._td import TensorDict
-from ._tree import NAMESPACE
+from .._td import TensorDict
+from .._td._tree import NAMESPACE
 
 __all__ = ["CudaGraphWarning", "cuda_graph", "signature"]
 

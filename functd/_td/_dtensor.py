@@ -1,19 +1,15 @@
-"""DTensor params next to plain-tensor inputs: the one hook in a module call.
+"""DTensor leaves: recognise them (also under torch.func's wrappers), find their mesh.
 
-A module whose params hold ``torch.distributed.tensor.DTensor`` leaves (from
-``fd.distributed.shard`` or ``fd.from_module(fully_shard(net))``) is called on
-plain tensors the way DDP users call a model: each plain-tensor input becomes a
-``Replicate()`` DTensor on the params' mesh (torch itself would raise "got mixed
-torch.Tensor and DTensor").
-
-Cost on the plain path: none per call. ``Module`` checks a params TensorDict
-against its layer once (``params._checked``); a params TensorDict holding
-DTensors is marked with a ``Placed`` record instead of the layer, so only those
-calls come here, and find their mesh in the mark.
+The pieces every layer may need when params or inputs are
+``torch.distributed.tensor.DTensor`` values: ``is_dtensor``, the one-mesh check
+with its error, and ``replicated`` (a plain tensor as a ``Replicate()`` DTensor,
+no communication). Nothing imports ``torch.distributed.tensor`` until a DTensor
+exists. The hook that replicates a module's plain-tensor inputs next to DTensor
+params lives with the params check (``functd/_modules/_params_check.py``).
 
 Example:
-    >>> params = fd.distributed.shard(lin.init(0), mesh, {"*": [Replicate()]})
-    >>> lin(params, x=torch.randn(5, 3))   # x is replicated on ``mesh``
+    >>> is_dtensor(torch.zeros(2))
+    False
 """
 
 from __future__ import annotations
@@ -23,10 +19,9 @@ from typing import Any
 
 import torch
 
-from . import _errors as E
-from ._td import TensorDict, _set_checked
+from .. import _errors as E
 
-__all__ = ["SEEN", "Placed", "is_dtensor", "placed_inputs", "placed_mark", "seen"]
+__all__ = ["SEEN", "is_dtensor", "mixed_mesh_error", "one_mesh", "replicated", "seen"]
 
 _Tensor = torch.Tensor
 
@@ -65,15 +60,6 @@ def is_dtensor(v: Any) -> bool:
     return t is not None and isinstance(_base(v), t)
 
 
-class Placed:
-    """The ``_checked`` mark of params that passed a layer's check and hold DTensors."""
-
-    __slots__ = ("fn", "mesh")
-
-    def __init__(self, fn: Any, mesh: Any) -> None:
-        self.fn, self.mesh = fn, mesh
-
-
 def _fmt_mesh(mesh: Any) -> str:
     names = getattr(mesh, "mesh_dim_names", None)
     return f"DeviceMesh({mesh.device_type!r}, {mesh.mesh.tolist()}, names={names})"
@@ -105,30 +91,6 @@ def one_mesh(where: str, items: Any) -> Any:
             elif v.device_mesh != first[1]:
                 raise mixed_mesh_error(where, first[0], first[1], k, v.device_mesh)
     return None if first is None else first[1]
-
-
-def placed_mark(m: Any, items: Any) -> Any:
-    """What ``_check_params`` stores in ``params._checked``: the layer itself for plain
-    params, a ``Placed`` record (layer + mesh) for params holding DTensors."""
-    mesh = one_mesh(m._label(), items)
-    if mesh is None:
-        return m._fn
-    seen()
-    return Placed(m._fn, mesh)
-
-
-def _replicate(m: Any, args: Any, mesh: Any) -> Any:
-    from torch.distributed.tensor import DTensor, Replicate
-
-    out = []
-    for i, a in enumerate(args):
-        if isinstance(a, _Tensor) and not isinstance(_base(a), DTensor):
-            a = _from_local(m, i, a, mesh, DTensor, Replicate)
-        elif isinstance(_base(a), DTensor) and _base(a).device_mesh != mesh:
-            key = m.in_keys[i] if i < len(m.in_keys) else i
-            raise mixed_mesh_error(m._label(), "params", mesh, key, _base(a).device_mesh)
-        out.append(a)
-    return out
 
 
 def _constant_base(a: _Tensor) -> Any:
@@ -170,26 +132,3 @@ def _from_local(m: Any, i: int, a: Any, mesh: Any, DTensor: Any, Replicate: Any)
             "be replicated onto the mesh of the DTensor params inside the transform. Make it "
             "a DTensor before the transform: fd.distributed.replicate(x, mesh)."
         ) from e
-
-
-def placed_inputs(m: Any, params: TensorDict, args: Any) -> Any:
-    """Called by a module with params when ``params._checked is not m._fn``: check the
-    params (once per params TensorDict), and when they hold DTensors return ``args``
-    with every plain tensor replicated on their mesh; else ``args`` unchanged."""
-    mark = params._checked
-    if type(mark) is not Placed or mark.fn is not m._fn:
-        from ._params_check import _check_params
-
-        _check_params(m, params)
-        mark = params._checked
-        if mark is m._fn:
-            return args
-        if type(mark) is not Placed:  # under torch.compile nothing is stored: look again
-            mark = placed_mark(m, params.items(True, True))
-            if type(mark) is not Placed:
-                return args
-    return _replicate(m, args, mark.mesh)
-
-
-def set_placed(params: TensorDict, m: Any, items: Any) -> None:
-    _set_checked(params, placed_mark(m, items))

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from . import _errors as E
+from .. import _errors as E
 from ._construct import _LEAF_TYPES, _SIZES, _fast_leaves, _size1
 
 Key = str | tuple[str, ...]

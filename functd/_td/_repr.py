@@ -29,7 +29,7 @@ def _dims(shape) -> str:
 
 def td_repr(td, parent_device=None) -> str:
     """Return the one-line repr of ``td``."""
-    from ._td import TensorDict
+    from ._tensordict import TensorDict
 
     n = len(td._batch_size)
     device = td.device

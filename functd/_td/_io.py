@@ -26,7 +26,7 @@ from typing import Any
 import optree
 import torch
 
-from ._td import TensorDict
+from ._tensordict import TensorDict
 from ._tree import NAMESPACE
 
 __all__ = ["load", "save"]

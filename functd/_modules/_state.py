@@ -26,10 +26,10 @@ import torch
 
 from .. import _errors as E
 from .._td import TensorDict, _new
-from ._base import Layer
-from ._chain import Chain
-from ._dropout import Dropout
-from ._lower import FunctionalCall
+from ..nn._base import Layer
+from ..nn._chain import Chain
+from ..nn._dropout import Dropout
+from ..nn._lower import FunctionalCall
 
 __all__ = ["buffer_paths", "eval_mode", "merge_state", "split_state", "train_mode", "update_state"]
 
@@ -50,8 +50,8 @@ def buffer_paths(module: Any) -> tuple[Path, ...]:
         >>> buffer_paths(fd.nn.BatchNorm1d(3))
         (('running_mean',), ('running_var',), ('num_batches_tracked',))
     """
-    from .._module import Module
-    from .._sequential import Sequential
+    from ._module import Module
+    from ._sequential import Sequential
 
     if isinstance(module, Layer):
         return module.buffer_paths()
@@ -191,8 +191,8 @@ def train_mode(module: Any) -> Any:
 
 # ------------------------------------------------------------------ helpers
 def _set_mode(obj: Any, training: bool) -> Any:
-    from .._module import Module
-    from .._sequential import Sequential
+    from ._module import Module
+    from ._sequential import Sequential
 
     if isinstance(obj, Sequential):  # ProbabilisticSequential too: rebuilt as its own type
         mods = [_set_mode(m, training) for m in obj.modules]

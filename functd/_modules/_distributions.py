@@ -42,8 +42,8 @@ import torch
 from torch import Tensor
 from torch import distributions as D
 
-from . import random as fr
-from ._td import Key
+from .. import random as fr
+from .._td import Key
 
 __all__ = [
     "SUPPORTED",

@@ -21,9 +21,9 @@ from typing import Any
 import torch
 import torch.utils._pytree as torch_pytree
 
+from .._td import TensorDict, _new
+from .._td._tree import _spec as _td_spec
 from . import _axes
-from ._td import TensorDict, _new
-from ._tree import _spec as _td_spec
 
 __all__ = ["vmap"]
 

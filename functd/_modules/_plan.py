@@ -38,9 +38,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from .._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec
 from ._module import Module, _bad_params, _empty_params, _write_outputs, call_td
 from ._params_check import _check_params
-from ._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec
 
 __all__ = ["MAX_PLANS", "plan_source", "reference", "run"]
 
@@ -158,8 +158,8 @@ def _inline(m: Any) -> bool:
 
 def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     """(source, globals) of the plan; ("", {}) when the reference call must serve."""
+    from ..nn._linear import Linear
     from ._sequential import _early_drops
-    from .nn._linear import Linear
 
     keys, n, early = layout
     prob = hasattr(seq, "_psteps")
@@ -239,7 +239,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
 
         ns["_draws"] = _draws
     if seq._random:
-        from .random import fold_in
+        from ..random import fold_in
 
         ns["fold_in"] = fold_in
     for i, (name, m, hp, rnd, idx, _, run_i) in enumerate(steps):
