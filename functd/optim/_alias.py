@@ -26,10 +26,15 @@ Schedule = Callable[[Tensor], Tensor]
 Hyper = float | Tensor
 LR = float | Tensor | Schedule
 
-# how a hyper-parameter given as a Python number is checked, by its name (the
-# others, and tensors or schedules, are not: see _checks)
+
+def _lr(where: str, key: str, value: Any) -> None:
+    C.lr(where, value)
+
+
+# How each argument given as a Python number is checked, by name (an argument not
+# named here is not; tensors and schedules are not: see _checks).
 _RULES: dict[str, Callable[[str, str, Any], None]] = {
-    "lr": lambda where, name, value: C.lr(where, value),
+    "lr": _lr,
     **dict.fromkeys(("b1", "b2", "alpha"), C.beta),
     **dict.fromkeys(
         ("eps", "weight_decay", "momentum", "lr_decay", "initial_accumulator_value"), C.nonneg
@@ -37,19 +42,45 @@ _RULES: dict[str, Callable[[str, str, Any], None]] = {
 }
 
 
-def _checked(name: str, hparams: dict[str, Any]) -> dict[str, Any]:
-    """Check an optimizer's arguments and return them.
+def _nesterov(where: str, hparams: dict[str, Any]) -> None:
+    momentum, dampening = hparams["momentum"], hparams["dampening"]
+    if hparams["nesterov"] and (C.is_zero(momentum) or (C.is_number(dampening) and dampening != 0)):
+        raise ValueError(
+            f"{where}(nesterov=True) needs momentum > 0 and dampening = 0 (as "
+            f"torch.optim.SGD); got momentum={momentum!r}, dampening={dampening!r}."
+        )
+
+
+# name -> (the kernel it runs, whether its weight decay is decoupled)
+_KERNELS = {
+    "sgd": ("sgd", False),
+    "adam": ("adam", False),
+    "adamw": ("adam", True),
+    "rmsprop": ("rmsprop", False),
+    "adagrad": ("adagrad", False),
+    "lion": ("lion", True),
+}
+
+
+def _optimizer(
+    name: str, hparams: dict[str, Any], check: Callable[[str, dict[str, Any]], None] | None = None
+) -> GradientTransformation:
+    """Check an optimizer's arguments and build its transformation.
 
     ``hparams`` is the factory's ``locals()`` taken first thing: its arguments in
     signature order, which is the order they are checked in (so the first bad one
-    is named) and the order of the transformation's ``repr``.
+    is named) and the order of the transformation's ``repr``. ``check`` (a rule
+    across arguments) runs after the rules of each.
     """
     where = f"fd.optim.{name}"
     for key, value in hparams.items():
         rule = _RULES.get(key)
         if rule is not None:
             rule(where, key, value)
-    return hparams
+    if check is not None:
+        check(where, hparams)
+    kernel, decoupled = _KERNELS[name]
+    return kernel_transformation(name, kernel, decoupled=decoupled, **hparams)
 
 
 def sgd(
@@ -74,13 +105,7 @@ def sgd(
     Example:
         >>> opt = fd.optim.sgd(0.1, momentum=0.9, nesterov=True)
     """
-    hparams = _checked("sgd", locals())
-    if nesterov and (C.is_zero(momentum) or (C.is_number(dampening) and dampening != 0)):
-        raise ValueError(
-            "fd.optim.sgd(nesterov=True) needs momentum > 0 and dampening = 0 (as "
-            f"torch.optim.SGD); got momentum={momentum!r}, dampening={dampening!r}."
-        )
-    return kernel_transformation("sgd", "sgd", **hparams)
+    return _optimizer("sgd", locals(), _nesterov)
 
 
 def adam(
@@ -105,7 +130,7 @@ def adam(
         >>> opt = fd.optim.adam(1e-3)
         >>> state = opt.init(params)
     """
-    return kernel_transformation("adam", "adam", **_checked("adam", locals()))
+    return _optimizer("adam", locals())
 
 
 def adamw(
@@ -125,7 +150,7 @@ def adamw(
     Example:
         >>> opt = fd.optim.adamw(1e-3, weight_decay=0.05)
     """
-    return kernel_transformation("adamw", "adam", decoupled=True, **_checked("adamw", locals()))
+    return _optimizer("adamw", locals())
 
 
 def rmsprop(
@@ -148,7 +173,7 @@ def rmsprop(
     Example:
         >>> opt = fd.optim.rmsprop(1e-2, centered=True)
     """
-    return kernel_transformation("rmsprop", "rmsprop", **_checked("rmsprop", locals()))
+    return _optimizer("rmsprop", locals())
 
 
 def adagrad(
@@ -168,7 +193,7 @@ def adagrad(
     Example:
         >>> opt = fd.optim.adagrad(0.1)
     """
-    return kernel_transformation("adagrad", "adagrad", **_checked("adagrad", locals()))
+    return _optimizer("adagrad", locals())
 
 
 def lion(
@@ -186,4 +211,4 @@ def lion(
     Example:
         >>> opt = fd.optim.lion(1e-4, weight_decay=1.0)
     """
-    return kernel_transformation("lion", "lion", decoupled=True, **_checked("lion", locals()))
+    return _optimizer("lion", locals())
