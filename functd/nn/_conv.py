@@ -40,6 +40,7 @@ class _ConvBase(Layer):
     out_channels: int
     kernel_size: IntOrTuple
     stride: IntOrTuple = 1
+    # groups, bias and the rest are fields of each family: torch orders them differently
 
     def __init_subclass__(cls, n: int | None = None, fn: Any = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
