@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -299,6 +300,19 @@ def test_cells_reject_3d_inputs_like_torch():
     for layer, name in [(fnn.GRUCell(3, 5), "GRUCell"), (fnn.RNNCell(3, 5), "RNNCell")]:
         with pytest.raises(ValueError, match=f"{name}: Expected input to be 1D or 2D, got 3D"):
             layer(layer.init(0), torch.zeros(1, 2, 3))
+    x, h, h3 = torch.zeros(2, 3), torch.zeros(2, 5), torch.zeros(1, 2, 5)
+    bad_states = [
+        ("GRUCell", (h3,), (h3,)),
+        ("RNNCell", (h3,), (h3,)),
+        ("LSTMCell", (h3, h), ((h3, h),)),
+        ("LSTMCell", (h, h3), ((h, h3),)),
+    ]
+    for name, ours, theirs in bad_states:
+        with pytest.raises(ValueError) as expected:  # torch's own message is the reference
+            getattr(torch.nn, name)(3, 5)(x, *theirs)
+        layer = getattr(fnn, name)(3, 5)
+        with pytest.raises(ValueError, match=re.escape(str(expected.value))):
+            layer(layer.init(0), x, *ours)
     lstm = fnn.LSTMCell(3, 5)
     with pytest.raises(ValueError, match="both h and c"):
         lstm(lstm.init(0), torch.zeros(2, 3), torch.zeros(2, 5))

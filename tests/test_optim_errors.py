@@ -100,6 +100,20 @@ def test_state_that_is_not_a_tensordict():
         (lambda: fd.optim.adam(eps=-1e-8), r"fd.optim.adam\(eps=-1e-08\): eps must be a finite"),
         (lambda: fd.optim.sgd(momentum=-0.5), r"fd.optim.sgd\(momentum=-0.5\)"),
         (lambda: fd.optim.adagrad(weight_decay=-1), r"fd.optim.adagrad\(weight_decay=-1\)"),
+        (lambda: fd.optim.adagrad(lr_decay=-1.0), r"fd.optim.adagrad\(lr_decay=-1.0\)"),
+        (
+            lambda: fd.optim.adagrad(initial_accumulator_value=-1.0),
+            r"fd.optim.adagrad\(initial_accumulator_value=-1.0\)",
+        ),
+        (lambda: fd.optim.rmsprop(momentum=-1.0), r"fd.optim.rmsprop\(momentum=-1.0\)"),
+        # several bad values: the first in signature order is named
+        (lambda: fd.optim.rmsprop(-1.0, alpha=2.0), r"fd.optim.rmsprop\(lr=-1.0\)"),
+        (lambda: fd.optim.lion(b2=2.0, weight_decay=-1.0), r"fd.optim.lion\(b2=2.0\)"),
+        (lambda: fd.optim.adamw(eps=-1.0, weight_decay=-1.0), r"fd.optim.adamw\(eps=-1.0\)"),
+        (
+            lambda: fd.optim.sgd(-0.1, momentum=0.0, nesterov=True),
+            r"fd.optim.sgd\(lr=-0.1\)",
+        ),
         (
             lambda: fd.optim.sgd(0.1, nesterov=True),
             r"fd.optim.sgd\(nesterov=True\) needs momentum > 0 and dampening = 0",

@@ -227,6 +227,19 @@ def test_chain_flattens_drops_identities_and_compares_by_value():
     assert fd.optim.chain(a, b, c).init(params).keys() == ("0", "1", "2")
 
 
+def test_chain_flattens_a_nested_chain_by_type_not_by_name():
+    a, b, c = fd.optim.clip(1.0), fd.optim.scale_by_adam(), fd.optim.scale(-0.1)
+    inner = fd.optim.chain(a, b)
+    # a hand-made transformation whose update merely carries the name "chain"
+    named = fd.optim.GradientTransformation(
+        fd.optim.Partial(lambda params, **kw: params, name="chain", txs=(a, b)),
+        fd.optim.Partial(lambda u, s, p=None, **kw: (u, s), name="chain", txs=(a, b)),
+    )
+    assert isinstance(inner, fd.optim.GradientTransformation)
+    assert fd.optim.chain(inner, c).update.kwargs["txs"] == (a, b, c)
+    assert fd.optim.chain(named, c).update.kwargs["txs"] == (named, c)
+
+
 def test_chain_of_nested_chains_gives_the_same_updates():
     x, y = data()
     params = fd.from_module(make_net()).clone()

@@ -26,35 +26,56 @@ _PADDING_MODES = ("zeros", "reflect", "replicate", "circular")
 IntOrTuple = int | tuple[int, ...]
 
 
-def _check_groups(layer: Any) -> None:
-    if layer.groups <= 0:
-        raise ValueError("groups must be a positive integer")
-    if layer.in_channels % layer.groups != 0:
-        raise ValueError("in_channels must be divisible by groups")
-    if layer.out_channels % layer.groups != 0:
-        raise ValueError("out_channels must be divisible by groups")
-
-
-def _bias_and_weight(layer: Any, weight_shape: tuple[int, ...]) -> dict[str, Any]:
-    # torch: kaiming_uniform_(a=sqrt(5)) on the weight, fan_in = weight.size(1) * prod(kernel)
-    init = uniform(fan_in_bound(weight_shape[1] * math.prod(weight_shape[2:])))
-    specs = {"weight": ParamSpec(weight_shape, init)}
-    if layer.bias:
-        specs["bias"] = ParamSpec((layer.out_channels,), init)
-    return specs
-
-
 @dataclasses.dataclass(frozen=True)
-class _ConvNd(Layer):
-    """Shared implementation of Conv1d/2d/3d (see ``Conv2d``)."""
+class _ConvBase(Layer):
+    """What convolutions and transposed convolutions share: the dimension ``n`` and
+    the functional ``fn`` (class keywords of each concrete class), the leading
+    fields, their checks and the parameters."""
 
     _n: ClassVar[int]
     _fn: ClassVar[Any]
+    _tuples: ClassVar[tuple[str, ...]]  # the fields normalised to n-tuples, in order
 
     in_channels: int
     out_channels: int
     kernel_size: IntOrTuple
     stride: IntOrTuple = 1
+    # groups, bias and the rest are fields of each family: torch orders them differently
+
+    def __init_subclass__(cls, n: int | None = None, fn: Any = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if n is not None:
+            cls._n, cls._fn = n, staticmethod(fn)
+
+    def __post_init__(self) -> None:
+        for name in self._tuples:
+            object.__setattr__(self, name, tup(getattr(self, name), self._n, name))
+        if self.groups <= 0:
+            raise ValueError("groups must be a positive integer")
+        if self.in_channels % self.groups != 0:
+            raise ValueError("in_channels must be divisible by groups")
+        if self.out_channels % self.groups != 0:
+            raise ValueError("out_channels must be divisible by groups")
+
+    def _weight_shape(self) -> tuple[int, ...]:
+        raise NotImplementedError
+
+    def _specs(self) -> dict[str, Any]:
+        # torch: kaiming_uniform_(a=sqrt(5)) on the weight, fan_in = weight.size(1) * prod(kernel)
+        shape = self._weight_shape()
+        init = uniform(fan_in_bound(shape[1] * math.prod(shape[2:])))
+        specs = {"weight": ParamSpec(shape, init)}
+        if self.bias:
+            specs["bias"] = ParamSpec((self.out_channels,), init)
+        return specs
+
+
+@dataclasses.dataclass(frozen=True)
+class _ConvNd(_ConvBase):
+    """Shared implementation of Conv1d/2d/3d (see ``Conv2d``)."""
+
+    _tuples: ClassVar[tuple[str, ...]] = ("kernel_size", "stride", "dilation")
+
     padding: IntOrTuple | str = 0
     dilation: IntOrTuple = 1
     groups: int = 1
@@ -62,10 +83,8 @@ class _ConvNd(Layer):
     padding_mode: str = "zeros"
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         n = self._n
-        for name in ("kernel_size", "stride", "dilation"):
-            object.__setattr__(self, name, tup(getattr(self, name), n, name))
-        _check_groups(self)
         if isinstance(self.padding, str):
             if self.padding not in ("same", "valid"):
                 raise ValueError(
@@ -85,9 +104,8 @@ class _ConvNd(Layer):
         else:  # as torch: F.pad with the reversed padding repeated twice, then no padding
             set_derived(self, _pad=_reversed_padding(self), _conv_padding=(0,) * n)
 
-    def _specs(self) -> dict[str, Any]:
-        shape = (self.out_channels, self.in_channels // self.groups, *self.kernel_size)
-        return _bias_and_weight(self, shape)
+    def _weight_shape(self) -> tuple[int, ...]:
+        return (self.out_channels, self.in_channels // self.groups, *self.kernel_size)
 
     def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
         d = params._data
@@ -117,7 +135,7 @@ def _reversed_padding(layer: _ConvNd) -> tuple[int, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class Conv1d(_ConvNd):
+class Conv1d(_ConvNd, n=1, fn=F.conv1d):
     """1d convolution over ``(N, C, L)`` or ``(C, L)``; as ``torch.nn.Conv1d``.
 
     Takes the same arguments as ``Conv2d``, with 1-tuples.
@@ -128,12 +146,9 @@ class Conv1d(_ConvNd):
         torch.Size([5, 4, 8])
     """
 
-    _n: ClassVar[int] = 1
-    _fn: ClassVar[Any] = staticmethod(F.conv1d)
-
 
 @dataclasses.dataclass(frozen=True)
-class Conv2d(_ConvNd):
+class Conv2d(_ConvNd, n=2, fn=F.conv2d):
     """2d convolution over ``(N, C, H, W)`` or ``(C, H, W)``; as ``torch.nn.Conv2d``.
 
     Args:
@@ -156,12 +171,9 @@ class Conv2d(_ConvNd):
         torch.Size([1, 8, 4, 4])
     """
 
-    _n: ClassVar[int] = 2
-    _fn: ClassVar[Any] = staticmethod(F.conv2d)
-
 
 @dataclasses.dataclass(frozen=True)
-class Conv3d(_ConvNd):
+class Conv3d(_ConvNd, n=3, fn=F.conv3d):
     """3d convolution over ``(N, C, D, H, W)`` or ``(C, D, H, W)``; as ``torch.nn.Conv3d``.
 
     Takes the same arguments as ``Conv2d``, with 3-tuples.
@@ -172,36 +184,27 @@ class Conv3d(_ConvNd):
         torch.Size([1, 2, 2, 2, 2])
     """
 
-    _n: ClassVar[int] = 3
-    _fn: ClassVar[Any] = staticmethod(F.conv3d)
-
 
 @dataclasses.dataclass(frozen=True)
-class _ConvTransposeNd(Layer):
+class _ConvTransposeNd(_ConvBase):
     """Shared implementation of ConvTranspose1d/2d/3d (see ``ConvTranspose2d``)."""
 
-    _n: ClassVar[int]
-    _fn: ClassVar[Any]
+    _tuples: ClassVar[tuple[str, ...]] = (
+        "kernel_size",
+        "stride",
+        "padding",
+        "output_padding",
+        "dilation",
+    )
 
-    in_channels: int
-    out_channels: int
-    kernel_size: IntOrTuple
-    stride: IntOrTuple = 1
     padding: IntOrTuple = 0
     output_padding: IntOrTuple = 0
     groups: int = 1
     bias: bool = True
     dilation: IntOrTuple = 1
 
-    def __post_init__(self) -> None:
-        n = self._n
-        for name in ("kernel_size", "stride", "padding", "output_padding", "dilation"):
-            object.__setattr__(self, name, tup(getattr(self, name), n, name))
-        _check_groups(self)
-
-    def _specs(self) -> dict[str, Any]:
-        shape = (self.in_channels, self.out_channels // self.groups, *self.kernel_size)
-        return _bias_and_weight(self, shape)
+    def _weight_shape(self) -> tuple[int, ...]:
+        return (self.in_channels, self.out_channels // self.groups, *self.kernel_size)
 
     def __call__(
         self,
@@ -256,35 +259,29 @@ class _ConvTransposeNd(Layer):
 
 
 @dataclasses.dataclass(frozen=True)
-class ConvTranspose1d(_ConvTransposeNd):
+class ConvTranspose1d(_ConvTransposeNd, n=1, fn=F.conv_transpose1d):
     """1d transposed convolution; as ``torch.nn.ConvTranspose1d``.
 
-    Takes the same arguments as ``ConvTranspose2d``, with 1-tuples.
+    Takes the same arguments as ``ConvTranspose2d``, with 1-tuples. Note the
+    weight's layout, ``(in, out/groups, *kernel)``, the transpose of ``Conv1d``'s.
 
     Example:
-        >>> up = ConvTranspose1d(4, 2, kernel_size=2, stride=2)
-        >>> up(up.init(0), torch.zeros(1, 4, 5)).shape
-        torch.Size([1, 2, 10])
+        >>> ConvTranspose1d(4, 2, kernel_size=3).param_shapes()
+        {('weight',): (4, 2, 3), ('bias',): (2,)}
     """
-
-    _n: ClassVar[int] = 1
-    _fn: ClassVar[Any] = staticmethod(F.conv_transpose1d)
 
 
 @dataclasses.dataclass(frozen=True)
-class ConvTranspose2d(_ConvTransposeNd):
+class ConvTranspose2d(_ConvTransposeNd, n=2, fn=F.conv_transpose2d):
     """2d transposed convolution; as ``torch.nn.ConvTranspose2d``.
 
+    The arguments come in torch's order: ``in_channels, out_channels, kernel_size,
+    stride, padding, output_padding, groups, bias, dilation``; those ``Conv2d`` also
+    takes mean what they mean there, except:
+
     Args:
-        in_channels: input channels.
-        out_channels: output channels.
-        kernel_size: an int or a 2-tuple.
-        stride: an int or a 2-tuple.
         padding: an int or a 2-tuple (implicit zero padding removed from the output).
         output_padding: extra size added to one side of the output.
-        groups: blocked connections from input to output channels.
-        bias: whether to add a learned bias.
-        dilation: an int or a 2-tuple.
 
     Only torch's ``padding_mode="zeros"`` exists for transposed convolutions.
     Parameters: ``weight`` ``(in, out/groups, *kernel)`` and ``bias`` ``(out,)``,
@@ -297,12 +294,9 @@ class ConvTranspose2d(_ConvTransposeNd):
         torch.Size([1, 3, 10, 10])
     """
 
-    _n: ClassVar[int] = 2
-    _fn: ClassVar[Any] = staticmethod(F.conv_transpose2d)
-
 
 @dataclasses.dataclass(frozen=True)
-class ConvTranspose3d(_ConvTransposeNd):
+class ConvTranspose3d(_ConvTransposeNd, n=3, fn=F.conv_transpose3d):
     """3d transposed convolution; as ``torch.nn.ConvTranspose3d``.
 
     Takes the same arguments as ``ConvTranspose2d``, with 3-tuples.
@@ -312,6 +306,3 @@ class ConvTranspose3d(_ConvTransposeNd):
         >>> up(up.init(0), torch.zeros(1, 2, 2, 2, 2)).shape
         torch.Size([1, 1, 4, 4, 4])
     """
-
-    _n: ClassVar[int] = 3
-    _fn: ClassVar[Any] = staticmethod(F.conv_transpose3d)

@@ -20,6 +20,16 @@ def _shape(value: int | tuple[int, ...] | list[int]) -> tuple[int, ...]:
     return (value,) if isinstance(value, int) else tuple(value)
 
 
+def _affine(shape: tuple[int, ...], weight: bool, bias: bool) -> dict[str, Any]:
+    """The affine parameters of a norm, as torch: ``weight`` ones, ``bias`` zeros."""
+    if not weight:
+        return {}
+    specs = {"weight": ParamSpec(shape, _ONES)}
+    if bias:
+        specs["bias"] = ParamSpec(shape, _ZEROS)
+    return specs
+
+
 @dataclasses.dataclass(frozen=True)
 class LayerNorm(Layer):
     """Normalise over the trailing ``normalized_shape`` dims; as ``torch.nn.LayerNorm``.
@@ -45,12 +55,7 @@ class LayerNorm(Layer):
         object.__setattr__(self, "normalized_shape", _shape(self.normalized_shape))
 
     def _specs(self) -> dict[str, Any]:
-        if not self.elementwise_affine:
-            return {}
-        specs = {"weight": ParamSpec(self.normalized_shape, _ONES)}
-        if self.bias:
-            specs["bias"] = ParamSpec(self.normalized_shape, _ZEROS)
-        return specs
+        return _affine(self.normalized_shape, self.elementwise_affine, self.bias)
 
     def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
         d = params._data
@@ -88,12 +93,7 @@ class GroupNorm(Layer):
             )
 
     def _specs(self) -> dict[str, Any]:
-        if not self.affine:
-            return {}
-        specs = {"weight": ParamSpec((self.num_channels,), _ONES)}
-        if self.bias:
-            specs["bias"] = ParamSpec((self.num_channels,), _ZEROS)
-        return specs
+        return _affine((self.num_channels,), self.affine, self.bias)
 
     def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
         d = params._data
@@ -123,9 +123,7 @@ class RMSNorm(Layer):
         object.__setattr__(self, "normalized_shape", _shape(self.normalized_shape))
 
     def _specs(self) -> dict[str, Any]:
-        if not self.elementwise_affine:
-            return {}
-        return {"weight": ParamSpec(self.normalized_shape, _ONES)}
+        return _affine(self.normalized_shape, self.elementwise_affine, bias=False)
 
     def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
         return F.rms_norm(x, self.normalized_shape, params._data.get("weight"), self.eps)

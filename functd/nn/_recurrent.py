@@ -26,6 +26,8 @@ __all__ = ["GRUCell", "LSTMCell", "RNNCell"]
 
 @dataclasses.dataclass(frozen=True)
 class _CellBase(Layer):
+    """What the cells share: the parameters, and (for the one-state cells) the call."""
+
     _chunks: ClassVar[int]
 
     input_size: int
@@ -45,10 +47,34 @@ class _CellBase(Layer):
             specs["bias_hh"] = ParamSpec((rows,), init)
         return specs
 
+    def __call__(
+        self, params: TensorDict, x: Tensor, h: Tensor | None = None, *, key: Tensor | None = None
+    ) -> Tensor:
+        """``cell(params, x, h=None)``: ``x`` of shape ``(N, input_size)`` or
+        ``(input_size,)``; ``h=None`` starts from zeros. Returns ``h'``."""
+        batched = x.dim() == 2
+        if not batched:
+            if x.dim() != 1:
+                raise _bad_dims(self, "input", x)
+            x = x.unsqueeze(0)
+        if h is None:
+            h = _zeros(x, self.hidden_size)
+        elif h.dim() not in (1, 2):
+            raise _bad_dims(self, "hidden", h)
+        elif not batched:
+            h = h.unsqueeze(0)
+        out = self._step(params._data, x, h)
+        return out if batched else out.squeeze(0)
 
-def _check_dims(name: str, what: str, t: Tensor) -> None:
-    if t.dim() not in (1, 2):
-        raise ValueError(f"{name}: Expected {what} to be 1D or 2D, got {t.dim()}D instead")
+    def _step(self, d: dict[str, Any], x: Tensor, h: Tensor) -> Tensor:
+        """The new state from batched ``x`` and ``h`` (``d``: the parameters)."""
+        raise NotImplementedError
+
+
+def _bad_dims(cell: _CellBase, what: str, t: Tensor) -> ValueError:
+    return ValueError(
+        f"{type(cell).__name__}: Expected {what} to be 1D or 2D, got {t.dim()}D instead"
+    )
 
 
 def _zeros(x: Tensor, hidden_size: int) -> Tensor:
@@ -82,38 +108,18 @@ class RNNCell(_CellBase):
         if self.nonlinearity not in ("tanh", "relu"):
             raise ValueError(f"Unknown nonlinearity: {self.nonlinearity}")
 
-    def __call__(
-        self, params: TensorDict, x: Tensor, h: Tensor | None = None, *, key: Tensor | None = None
-    ) -> Tensor:
-        _check_dims("RNNCell", "input", x)
-        batched = x.dim() == 2
-        if not batched:
-            x = x.unsqueeze(0)
-        if h is None:
-            h = _zeros(x, self.hidden_size)
-        else:
-            _check_dims("RNNCell", "hidden", h)
-            if not batched:
-                h = h.unsqueeze(0)
-        d = params._data
+    def _step(self, d: dict[str, Any], x: Tensor, h: Tensor) -> Tensor:
         pre = F.linear(x, d["weight_ih"], d.get("bias_ih")) + F.linear(
             h, d["weight_hh"], d.get("bias_hh")
         )
-        out = torch.tanh(pre) if self.nonlinearity == "tanh" else torch.relu(pre)
-        return out if batched else out.squeeze(0)
+        return torch.tanh(pre) if self.nonlinearity == "tanh" else torch.relu(pre)
 
 
 @dataclasses.dataclass(frozen=True)
 class GRUCell(_CellBase):
     """A gated recurrent unit step; as ``torch.nn.GRUCell``.
 
-    Args:
-        input_size: size of the input's last dim.
-        hidden_size: size of the state.
-        bias: whether to learn ``bias_ih`` and ``bias_hh``.
-
-    Call: ``cell(params, x, h=None)`` with ``x`` of shape ``(N, input_size)``
-    or ``(input_size,)``; ``h=None`` starts from zeros. Returns ``h'``.
+    Takes the arguments of ``RNNCell`` but ``nonlinearity``, and is called as it is.
 
     Example:
         >>> cell = GRUCell(4, 8)
@@ -123,37 +129,20 @@ class GRUCell(_CellBase):
 
     _chunks: ClassVar[int] = 3
 
-    def __call__(
-        self, params: TensorDict, x: Tensor, h: Tensor | None = None, *, key: Tensor | None = None
-    ) -> Tensor:
-        _check_dims("GRUCell", "input", x)
-        batched = x.dim() == 2
-        if not batched:
-            x = x.unsqueeze(0)
-        if h is None:
-            h = _zeros(x, self.hidden_size)
-        else:
-            _check_dims("GRUCell", "hidden", h)
-            if not batched:
-                h = h.unsqueeze(0)
-        d = params._data
+    def _step(self, d: dict[str, Any], x: Tensor, h: Tensor) -> Tensor:
         i_r, i_z, i_n = F.linear(x, d["weight_ih"], d.get("bias_ih")).chunk(3, -1)
         h_r, h_z, h_n = F.linear(h, d["weight_hh"], d.get("bias_hh")).chunk(3, -1)
         reset = torch.sigmoid(h_r + i_r)
         update = torch.sigmoid(h_z + i_z)
         new = torch.tanh(i_n + h_n * reset)
-        out = (h - new) * update + new
-        return out if batched else out.squeeze(0)
+        return (h - new) * update + new
 
 
 @dataclasses.dataclass(frozen=True)
 class LSTMCell(_CellBase):
     """A long short-term memory step; as ``torch.nn.LSTMCell``.
 
-    Args:
-        input_size: size of the input's last dim.
-        hidden_size: size of the state.
-        bias: whether to learn ``bias_ih`` and ``bias_hh``.
+    Takes the arguments of ``RNNCell`` but ``nonlinearity``.
 
     Call: ``cell(params, x, h=None, c=None)`` (torch's ``hx=(h, c)`` as two
     arguments); a missing state starts from zeros. Returns ``(h', c')``.
@@ -176,17 +165,20 @@ class LSTMCell(_CellBase):
         *,
         key: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        _check_dims("LSTMCell", "input", x)
         batched = x.dim() == 2
         if not batched:
+            if x.dim() != 1:
+                raise _bad_dims(self, "input", x)
             x = x.unsqueeze(0)
         if h is None or c is None:
             if (h is None) != (c is None):
                 raise ValueError("LSTMCell: pass both h and c, or neither (zeros)")
             h = c = _zeros(x, self.hidden_size)
         else:
-            _check_dims("LSTMCell", "hx[0]", h)
-            _check_dims("LSTMCell", "hx[1]", c)
+            if h.dim() not in (1, 2):
+                raise _bad_dims(self, "hx[0]", h)
+            if c.dim() not in (1, 2):
+                raise _bad_dims(self, "hx[1]", c)
             if not batched:
                 h, c = h.unsqueeze(0), c.unsqueeze(0)
         d = params._data

@@ -14,6 +14,7 @@ says how), so a model trained with ``torch.optim.X`` trains the same here.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from torch import Tensor
 
@@ -24,6 +25,62 @@ from ._kernels import kernel_transformation
 Schedule = Callable[[Tensor], Tensor]
 Hyper = float | Tensor
 LR = float | Tensor | Schedule
+
+
+def _lr(where: str, key: str, value: Any) -> None:
+    C.lr(where, value)
+
+
+# How each argument given as a Python number is checked, by name (an argument not
+# named here is not; tensors and schedules are not: see _checks).
+_RULES: dict[str, Callable[[str, str, Any], None]] = {
+    "lr": _lr,
+    **dict.fromkeys(("b1", "b2", "alpha"), C.beta),
+    **dict.fromkeys(
+        ("eps", "weight_decay", "momentum", "lr_decay", "initial_accumulator_value"), C.nonneg
+    ),
+}
+
+
+def _nesterov(where: str, hparams: dict[str, Any]) -> None:
+    momentum, dampening = hparams["momentum"], hparams["dampening"]
+    if hparams["nesterov"] and (C.is_zero(momentum) or (C.is_number(dampening) and dampening != 0)):
+        raise ValueError(
+            f"{where}(nesterov=True) needs momentum > 0 and dampening = 0 (as "
+            f"torch.optim.SGD); got momentum={momentum!r}, dampening={dampening!r}."
+        )
+
+
+# name -> (the kernel it runs, whether its weight decay is decoupled)
+_KERNELS = {
+    "sgd": ("sgd", False),
+    "adam": ("adam", False),
+    "adamw": ("adam", True),
+    "rmsprop": ("rmsprop", False),
+    "adagrad": ("adagrad", False),
+    "lion": ("lion", True),
+}
+
+
+def _optimizer(
+    name: str, hparams: dict[str, Any], check: Callable[[str, dict[str, Any]], None] | None = None
+) -> GradientTransformation:
+    """Check an optimizer's arguments and build its transformation.
+
+    ``hparams`` is the factory's ``locals()`` taken first thing: its arguments in
+    signature order, which is the order they are checked in (so the first bad one
+    is named) and the order of the transformation's ``repr``. ``check`` (a rule
+    across arguments) runs after the rules of each.
+    """
+    where = f"fd.optim.{name}"
+    for key, value in hparams.items():
+        rule = _RULES.get(key)
+        if rule is not None:
+            rule(where, key, value)
+    if check is not None:
+        check(where, hparams)
+    kernel, decoupled = _KERNELS[name]
+    return kernel_transformation(name, kernel, decoupled=decoupled, **hparams)
 
 
 def sgd(
@@ -48,44 +105,7 @@ def sgd(
     Example:
         >>> opt = fd.optim.sgd(0.1, momentum=0.9, nesterov=True)
     """
-    where = "fd.optim.sgd"
-    C.lr(where, lr)
-    C.nonneg(where, "momentum", momentum)
-    C.nonneg(where, "weight_decay", weight_decay)
-    if nesterov and (C.is_zero(momentum) or (C.is_number(dampening) and dampening != 0)):
-        raise ValueError(
-            f"{where}(nesterov=True) needs momentum > 0 and dampening = 0 (as "
-            f"torch.optim.SGD); got momentum={momentum!r}, dampening={dampening!r}."
-        )
-    return kernel_transformation(
-        "sgd",
-        "sgd",
-        lr=lr,
-        weight_decay=weight_decay,
-        momentum=momentum,
-        dampening=dampening,
-        nesterov=nesterov,
-    )
-
-
-def _adam(name, lr, b1, b2, eps, weight_decay, amsgrad, decoupled):
-    where = f"fd.optim.{name}"
-    C.lr(where, lr)
-    C.beta(where, "b1", b1)
-    C.beta(where, "b2", b2)
-    C.nonneg(where, "eps", eps)
-    C.nonneg(where, "weight_decay", weight_decay)
-    return kernel_transformation(
-        name,
-        "adam",
-        lr=lr,
-        weight_decay=weight_decay,
-        decoupled=decoupled,
-        b1=b1,
-        b2=b2,
-        eps=eps,
-        amsgrad=amsgrad,
-    )
+    return _optimizer("sgd", locals(), _nesterov)
 
 
 def adam(
@@ -110,7 +130,7 @@ def adam(
         >>> opt = fd.optim.adam(1e-3)
         >>> state = opt.init(params)
     """
-    return _adam("adam", lr, b1, b2, eps, weight_decay, amsgrad, decoupled=False)
+    return _optimizer("adam", locals())
 
 
 def adamw(
@@ -130,7 +150,7 @@ def adamw(
     Example:
         >>> opt = fd.optim.adamw(1e-3, weight_decay=0.05)
     """
-    return _adam("adamw", lr, b1, b2, eps, weight_decay, amsgrad, decoupled=True)
+    return _optimizer("adamw", locals())
 
 
 def rmsprop(
@@ -153,22 +173,7 @@ def rmsprop(
     Example:
         >>> opt = fd.optim.rmsprop(1e-2, centered=True)
     """
-    where = "fd.optim.rmsprop"
-    C.lr(where, lr)
-    C.beta(where, "alpha", alpha)
-    C.nonneg(where, "eps", eps)
-    C.nonneg(where, "weight_decay", weight_decay)
-    C.nonneg(where, "momentum", momentum)
-    return kernel_transformation(
-        "rmsprop",
-        "rmsprop",
-        lr=lr,
-        weight_decay=weight_decay,
-        alpha=alpha,
-        eps=eps,
-        momentum=momentum,
-        centered=centered,
-    )
+    return _optimizer("rmsprop", locals())
 
 
 def adagrad(
@@ -188,21 +193,7 @@ def adagrad(
     Example:
         >>> opt = fd.optim.adagrad(0.1)
     """
-    where = "fd.optim.adagrad"
-    C.lr(where, lr)
-    C.nonneg(where, "lr_decay", lr_decay)
-    C.nonneg(where, "weight_decay", weight_decay)
-    C.nonneg(where, "initial_accumulator_value", initial_accumulator_value)
-    C.nonneg(where, "eps", eps)
-    return kernel_transformation(
-        "adagrad",
-        "adagrad",
-        lr=lr,
-        weight_decay=weight_decay,
-        lr_decay=lr_decay,
-        initial_accumulator_value=initial_accumulator_value,
-        eps=eps,
-    )
+    return _optimizer("adagrad", locals())
 
 
 def lion(
@@ -220,11 +211,4 @@ def lion(
     Example:
         >>> opt = fd.optim.lion(1e-4, weight_decay=1.0)
     """
-    where = "fd.optim.lion"
-    C.lr(where, lr)
-    C.beta(where, "b1", b1)
-    C.beta(where, "b2", b2)
-    C.nonneg(where, "weight_decay", weight_decay)
-    return kernel_transformation(
-        "lion", "lion", lr=lr, weight_decay=weight_decay, decoupled=True, b1=b1, b2=b2
-    )
+    return _optimizer("lion", locals())

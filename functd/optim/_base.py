@@ -96,8 +96,6 @@ class GradientTransformation(NamedTuple):
         name = getattr(self.update, "kwargs", {}).get("name")
         if name is None:
             return f"GradientTransformation(init={self.init!r}, update={self.update!r})"
-        if name == "chain":
-            return "chain(" + ", ".join(map(repr, self.update.kwargs["txs"])) + ")"
         kw = {
             k: v
             for k, v in self.update.kwargs.items()
@@ -149,6 +147,21 @@ def _chain_update(updates, state, params=None, *, name: str, txs: tuple):
     return updates, _new(new, state._batch_size)
 
 
+class _Chain(GradientTransformation):
+    """What ``chain`` returns: a GradientTransformation of its own type, so that
+    ``chain`` recognises (and flattens) a nested chain by ``isinstance``."""
+
+    __slots__ = ()
+
+    @property
+    def txs(self) -> tuple[GradientTransformation, ...]:
+        """The chained transformations, in order (never a chain, never identity)."""
+        return self.update.kwargs["txs"]
+
+    def __repr__(self) -> str:
+        return "chain(" + ", ".join(map(repr, self.txs)) + ")"
+
+
 def chain(*transformations: GradientTransformation) -> GradientTransformation:
     """Apply transformations in order: the updates of one are the input of the next.
 
@@ -171,16 +184,15 @@ def chain(*transformations: GradientTransformation) -> GradientTransformation:
                 "GradientTransformation; pass optimizers such as fd.optim.adam(1e-3) or "
                 "building blocks such as fd.optim.scale(-0.1) (call the factory)."
             )
-        kw = getattr(tx.update, "kwargs", {})
-        if kw.get("name") == "chain":
-            flat.extend(kw["txs"])
-        elif kw.get("name") != "identity":
+        if isinstance(tx, _Chain):
+            flat.extend(tx.txs)
+        elif getattr(tx.update, "kwargs", {}).get("name") != "identity":
             flat.append(tx)
     if not flat:
         return identity()
     if len(flat) == 1:
         return flat[0]
-    return transformation("chain", _chain_init, _chain_update, txs=tuple(flat))
+    return _Chain(*transformation("chain", _chain_init, _chain_update, txs=tuple(flat)))
 
 
 # ------------------------------------------------------------------ apply_updates
