@@ -158,7 +158,9 @@ def main() -> None:
                 ),
                 "grad_vmap": maxdiff(
                     fd.distributed.gather(
-                        fd.grad(lambda p: fd.vmap(dloss, in_dims=per_ex)(p, xr, tr).mean())(sp)
+                        fd.grad(
+                            lambda p, a=xr, b=tr: fd.vmap(dloss, in_dims=per_ex)(p, a, b).mean()
+                        )(sp)
                     ),
                     fd.grad(lambda p: fd.vmap(dloss, in_dims=per_ex)(p, rows, trows).mean())(
                         params
@@ -175,6 +177,15 @@ def main() -> None:
                 # per-example 1-D vectors: F.linear's matmul squeezes in place (below)
                 "vector_shape": list(fd.vmap(call, in_dims=(None, 0))(sp, xv).shape),
             }
+            if name == "shard0":  # no squeeze_ on a Replicate output there: vectors work
+                yv = fd.vmap(call, in_dims=(None, 0))(sp, xv)
+                out[name]["vector_forward"] = maxdiff(
+                    full(yv), fd.vmap(call, in_dims=(None, 0))(params, x)
+                )
+                out[name]["vector_grad"] = maxdiff(
+                    fd.distributed.gather(fd.vmap(fd.grad(dloss), in_dims=per_ex)(sp, xv, tv)),
+                    fd.vmap(fd.grad(dloss), in_dims=per_ex)(params, x, t),
+                )
         # the torch limitation: DTensor's in-place squeeze_ keeps the size-1 dim
         r3 = fd.distributed.replicate(torch.ones(2, 1, 3, dtype=D), mesh)
         out["squeeze_inplace_shape"] = list(r3.clone().squeeze_(1).shape)

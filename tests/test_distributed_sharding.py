@@ -106,6 +106,7 @@ def test_dtensor_params_under_vmap_equal_unsharded(ranks, rules):
 def test_dtensor_params_under_vmap_per_example_vectors(ranks):
     for v in _get(ranks, "dtensor_params_under_vmap"):
         assert v["shard0"]["vector_shape"] == [10, 4]
+        assert v["shard0"]["vector_forward"] <= TOL and v["shard0"]["vector_grad"] <= TOL
         # torch 2.13: F.linear(vector, Replicate weight) keeps a size-1 dim, because
         # DTensor's in-place squeeze_ (used by matmul for a 1-D left operand) leaves the
         # shape as it was; see notes/distributed.md ("DTensor params under fd.vmap")
