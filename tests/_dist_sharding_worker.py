@@ -123,6 +123,80 @@ def main() -> None:
         }
 
     @check
+    def dtensor_params_under_vmap():
+        """fd.vmap of a module call (per-example, and an ensemble with a member dim)
+        and fd.grad through it, on Replicate / Shard(0) params, against plain params."""
+
+        def call(p, xi):
+            return model(p, fd.TensorDict({"x": xi}, xi.shape[:-1]))["y"]
+
+        def full(y):
+            return y.full_tensor() if isinstance(y, DTensor) else y
+
+        def dloss(p, xi, ti):
+            return ((call(p, xi) - ti) ** 2).mean()
+
+        keys = fd.random.split(fd.random.key(3), 2)
+        ens = fd.vmap(lambda k: model.init(k, dtype=D))(keys)
+        rows, trows = x[:, None, :], t[:, None, :]  # each example a [1, 6] matrix
+        per_ex, ens_ex = (None, 0, 0), (0, None, None)
+        out = {}
+        for name, rules in (("replicate", {"*": [Replicate()]}), ("shard0", RULES)):
+            sp, se = (
+                fd.distributed.shard(params, mesh, rules),
+                fd.distributed.shard(ens, mesh, rules),
+            )
+            xr, tr = fd.distributed.replicate(rows, mesh), fd.distributed.replicate(trows, mesh)
+            xv, tv = fd.distributed.replicate(x, mesh), fd.distributed.replicate(t, mesh)
+            y = fd.vmap(call, in_dims=(None, 0))(sp, xr)
+            out[name] = {
+                "forward": maxdiff(full(y), fd.vmap(call, in_dims=(None, 0))(params, rows)),
+                "out_placements": str(y.placements),
+                "vmap_grad": maxdiff(
+                    fd.distributed.gather(fd.vmap(fd.grad(dloss), in_dims=per_ex)(sp, xr, tr)),
+                    fd.vmap(fd.grad(dloss), in_dims=per_ex)(params, rows, trows),
+                ),
+                "grad_vmap": maxdiff(
+                    fd.distributed.gather(
+                        fd.grad(
+                            lambda p, a=xr, b=tr: fd.vmap(dloss, in_dims=per_ex)(p, a, b).mean()
+                        )(sp)
+                    ),
+                    fd.grad(lambda p: fd.vmap(dloss, in_dims=per_ex)(p, rows, trows).mean())(
+                        params
+                    ),
+                ),
+                "ensemble": maxdiff(
+                    full(fd.vmap(call, in_dims=(0, None))(se, xv)),
+                    fd.vmap(call, in_dims=(0, None))(ens, x),
+                ),
+                "ensemble_grad": maxdiff(
+                    fd.distributed.gather(fd.vmap(fd.grad(dloss), in_dims=ens_ex)(se, xv, tv)),
+                    fd.vmap(fd.grad(dloss), in_dims=ens_ex)(ens, x, t),
+                ),
+                # per-example 1-D vectors: F.linear's matmul squeezes in place (below)
+                "vector_shape": list(fd.vmap(call, in_dims=(None, 0))(sp, xv).shape),
+            }
+            if name == "shard0":  # no squeeze_ on a Replicate output there: vectors work
+                yv = fd.vmap(call, in_dims=(None, 0))(sp, xv)
+                out[name]["vector_forward"] = maxdiff(
+                    full(yv), fd.vmap(call, in_dims=(None, 0))(params, x)
+                )
+                out[name]["vector_grad"] = maxdiff(
+                    fd.distributed.gather(fd.vmap(fd.grad(dloss), in_dims=per_ex)(sp, xv, tv)),
+                    fd.vmap(fd.grad(dloss), in_dims=per_ex)(params, x, t),
+                )
+        # the torch limitation: DTensor's in-place squeeze_ keeps the size-1 dim
+        r3 = fd.distributed.replicate(torch.ones(2, 1, 3, dtype=D), mesh)
+        out["squeeze_inplace_shape"] = list(r3.clone().squeeze_(1).shape)
+        try:  # a plain input mapped by the vmap cannot be replicated inside it
+            fd.vmap(call, in_dims=(None, 0))(fd.distributed.shard(params, mesh, RULES), x)
+            out["plain_input"] = "no error"
+        except TypeError as e:
+            out["plain_input"] = str(e)
+        return out
+
+    @check
     def dtensor_train_step():
         sp = fd.distributed.shard(params, mesh, RULES)
         step = fd.train_step(lambda p, b, k: loss(p, b["x"], b["t"]), fd.optim.sgd(0.1))

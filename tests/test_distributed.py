@@ -85,6 +85,11 @@ def test_pmean_adam_equals_ddp_and_single_process(report):
     _ok(report, "pmean_adam_equals_ddp_and_single_process")
 
 
+def test_pmean_hot_path_equals_all_reduce_and_checks_new_layouts(report):
+    for msg in _ok(report, "pmean_hot_path_equals_all_reduce"):
+        assert "at the key 'w'" in msg and "float64[2, 7]" in msg and "float64[2, 8]" in msg
+
+
 def test_clip_after_pmean_sees_the_global_norm(report):
     _ok(report, "clip_after_pmean_sees_global_norm")
 

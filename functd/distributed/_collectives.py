@@ -40,12 +40,13 @@ OPS = ("mean", "sum", "max", "min")
 _DEFAULT_CAP_MB = 25.0
 
 
+_OPS = {"mean": "SUM", "sum": "SUM", "max": "MAX", "min": "MIN"}
+
+
 def _reduce_op(where: str, op: str):
-    table = {"mean": dist.ReduceOp.SUM, "sum": dist.ReduceOp.SUM}
-    table.update(max=dist.ReduceOp.MAX, min=dist.ReduceOp.MIN)
-    if op not in table:
+    if op not in _OPS:
         raise ValueError(f"{where}: op must be one of {OPS}, got {op!r}.")
-    return table[op]
+    return getattr(dist.ReduceOp, _OPS[op])
 
 
 def _flatten(where: str, tree: Any) -> tuple[list[Tensor], Any]:

@@ -31,6 +31,7 @@ from ..optim import _leaves as L
 from ..optim._base import GradientTransformation, transformation
 from ..optim._errors import not_a_td
 from ._collectives import _DEFAULT_CAP_MB, _all_reduce, _is_dtensor, all_reduce
+from ._fast import reduce_td
 
 __all__ = ["pmean", "psum", "resolve_partial"]
 
@@ -61,6 +62,9 @@ def _update(updates, state, params=None, *, name: str, op: str, group: Any, buck
     L.check_state(where, state, ())
     if not isinstance(updates, TensorDict):
         raise TypeError(not_a_td(where, "grads", updates))
+    fast = reduce_td(where, updates, op, group, bucket_cap_mb)  # the eager hot path
+    if fast is not None:
+        return L.unflatten(updates, fast), state
     leaves, spec = fdtree.flatten(updates)
     dtensors = [i for i, x in enumerate(leaves) if _is_dtensor(x)]
     if not dtensors:  # the common case: one bucketed all-reduce, named errors

@@ -1,0 +1,127 @@
+"""The eager hot path of ``pmean``/``psum``: a TensorDict of plain tensors.
+
+A data-parallel step calls ``pmean().update`` once a step with a grads
+TensorDict of the same layout every time. The general ``all_reduce`` flattens
+it with ``functd.tree`` (optree), builds and hashes a layout key holding the
+tree structure, and looks up the bucket plan and the verified structures on
+every call. Here the leaves are collected by a direct walk of the TensorDicts,
+and the plan is found by the identity of the TensorDicts' key specs (grads,
+params and updates built from one another share them) and the leaves'
+``(shape, dtype, device)``; the entry holds what the call needs (group, world
+size, buckets), so a call is: walk, key, pack, divide, all-reduce, unpack.
+
+The cross-rank structure check is unchanged: an entry is made only after the
+general path has run it for the layout (a collective on the first call with
+each layout, as ``check="first"``), and it is dropped when that group's
+verified set is reset, so every rank issues the same checks as before.
+
+Returns ``None`` (the caller takes the general path, with its errors) under
+``torch.compile``, for leaves that are DTensors, parameters or tensors wrapped
+by ``torch.func``, and for anything that is not a TensorDict of tensors.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .._td import TensorDict
+from .._tree import _spec
+from . import _group
+from ._collectives import _all_reduce, _issue, _pack, _prepare, _reduce_op, _unpack
+
+__all__ = ["reduce_td"]
+
+_MAX_ENTRIES = 64  # layouts kept per group (cleared when full)
+_entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> {key: _Entry}
+_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_compiling = torch.compiler.is_compiling
+_flatten = torch._C._nn.flatten_dense_tensors  # one C++ copy, as DDP's buckets
+_unflatten = torch._C._nn.unflatten_dense_tensors  # views of the flat buffer
+
+
+class _Entry:
+    __slots__ = ("buckets", "seen", "specs", "world")
+
+    def __init__(self, specs: list, buckets: list, world: int, seen: Any) -> None:
+        self.specs = specs  # held so that their ids in the key stay theirs
+        self.buckets = buckets
+        self.world = world
+        self.seen = seen  # the group's verified set when the entry was made
+
+
+def _walk(td: TensorDict, leaves: list, specs: list) -> bool:
+    """Leaves in ``functd.tree`` order and the key spec of every TensorDict; False
+    when a value is neither a TensorDict nor a plain tensor."""
+    spec = td._spec or _spec(td)
+    specs.append(spec)
+    data = td._data
+    for k in spec.keys:
+        v = data[k]
+        t = type(v)
+        if t is Tensor:
+            leaves.append(v)
+        elif t is TensorDict:
+            if not _walk(v, leaves, specs):
+                return False
+        else:
+            return False
+    return True
+
+
+def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> list | None:
+    """The reduced leaves of ``updates`` (in ``functd.tree`` order), or ``None``
+    when the fast path does not apply."""
+    if type(updates) is not TensorDict or _is_compiling():
+        return None
+    leaves: list[Tensor] = []
+    specs: list = []
+    if not _walk(updates, leaves, specs) or not leaves or any(map(_is_wrapped, leaves)):
+        return None
+    g = _group.resolve(where, group)[0]
+    table = _entries.get(g)
+    key = (
+        tuple(map(id, specs)),
+        tuple([(x.shape, x.dtype, x.device) for x in leaves]),
+        op,
+        cap_mb,
+    )
+    entry = None if table is None else table.get(key)
+    if entry is None or entry.seen is not _group._verified.get(g):
+        # the general path (structure check, plan, dtype errors) makes the entry
+        out = _all_reduce(where, updates, op, group, cap_mb, "first")
+        buckets = _prepare(where, updates, group, False, cap_mb)[-1]
+        if table is None or len(table) >= _MAX_ENTRIES:
+            table = _entries[g] = {}
+        world = _group.resolve(where, group)[1]
+        table[key] = _Entry(specs, buckets, world, _group._verified.get(g))
+        return _leaves_of(out)
+    buckets, world = entry.buckets, entry.world
+    if len(buckets) == 1 and len(leaves) > 1:  # the common case: one flat buffer
+        flat = _flatten(leaves)  # a copy: the caller's tensors are never written
+        if world > 1:
+            if op == "mean":
+                flat.div_(world)
+            dist.all_reduce(flat, _reduce_op(where, op), group=g)
+        # the leaves as the layout: cheaper than meta tensors, only their shapes are read
+        return _unflatten(flat, leaves)
+    flats = [_pack(leaves, b) for b in buckets]
+    if world > 1:
+        if op == "mean":
+            for f in flats:
+                f.div_(world)  # our own buffers
+        _issue(dist.all_reduce, [(f,) for f in flats], _reduce_op(where, op), group=g)
+    out: list = [None] * len(leaves)
+    for f, b in zip(flats, buckets):
+        _unpack(f, b, out)
+    return out
+
+
+def _leaves_of(td: TensorDict) -> list:
+    leaves: list = []
+    _walk(td, leaves, [])
+    return leaves
