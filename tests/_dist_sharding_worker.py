@@ -177,7 +177,7 @@ def main() -> None:
                 # per-example 1-D vectors: F.linear's matmul squeezes in place (below)
                 "vector_shape": list(fd.vmap(call, in_dims=(None, 0))(sp, xv).shape),
             }
-            if name == "shard0":  # no squeeze_ on a Replicate output there: vectors work
+            if True:  # both placements (fd.nn.Linear works around the Replicate squeeze_)
                 yv = fd.vmap(call, in_dims=(None, 0))(sp, xv)
                 out[name]["vector_forward"] = maxdiff(
                     full(yv), fd.vmap(call, in_dims=(None, 0))(params, x)

@@ -113,15 +113,11 @@ def test_dtensor_params_under_vmap_per_example_vectors(ranks):
         assert v["squeeze_inplace_shape"] == [2, 1, 3]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="fd.nn.Linear calls F.linear on a 1-D input; with Replicate DTensor weights "
-    "torch 2.13 returns [1, out] (DTensor squeeze_ bug). Fix proposed for "
-    "functd/nn/_linear.py in notes/distributed.md; drop this marker with it.",
-)
 def test_dtensor_replicate_params_under_vmap_per_example_vectors(ranks):
     for v in _get(ranks, "dtensor_params_under_vmap"):
         assert v["replicate"]["vector_shape"] == [10, 4]
+        assert v["replicate"]["vector_forward"] <= TOL
+        assert v["replicate"]["vector_grad"] <= TOL
 
 
 def test_plain_input_mapped_next_to_dtensor_params_says_replicate_first(ranks):

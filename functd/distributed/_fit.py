@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from .._td._tree import tree as fdtree
+from ..optim._base import _Chain
 from ._collectives import _is_dtensor, all_reduce, broadcast
 from ._group import resolve
 
@@ -86,8 +87,8 @@ def _reduces(tx: Any) -> bool:
     kw = getattr(tx.update, "kwargs", {})
     if kw.get("name") in ("pmean", "psum"):
         return True
-    if kw.get("name") == "chain":
-        return any(_reduces(t) for t in kw["txs"])
+    if isinstance(tx, _Chain):
+        return any(_reduces(t) for t in tx.txs)
     return False
 
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .._td import TensorDict
+from .._td import _dtensor as _dt
 from ._base import Layer, ParamSpec, fan_in_bound, uniform
 
 __all__ = ["Bilinear", "Flatten", "Identity", "Linear"]
@@ -47,7 +48,12 @@ class Linear(Layer):
 
     def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
         d = params._data
-        return F.linear(x, d["weight"], d.get("bias"))
+        w = d["weight"]
+        if _dt.SEEN and x.ndim == 1 and _dt.is_dtensor(w):
+            # torch 2.13: DTensor's in-place squeeze_ (inside matmul of a 1-d input)
+            # keeps the size-1 dim; go through a batch of one instead
+            return F.linear(x.unsqueeze(0), w, d.get("bias")).squeeze(0)
+        return F.linear(x, w, d.get("bias"))
 
 
 @dataclasses.dataclass(frozen=True)
