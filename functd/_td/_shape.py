@@ -187,14 +187,15 @@ def _join(tds: list[TensorDict], dim: int, prefix: tuple, skip: int | None, wher
     of ``tds`` with the same keys; nested levels recurse."""
     _check_same_keys(tds, where, prefix)
     first = tds[0]
+    cls = type(first)
     bs = first._batch_size
     n = len(bs)
     data = {}
     for k, v in first._data.items():
         vals = [t._data[k] for t in tds]
         key = (*prefix, k)
-        _same_types(vals, key, where)
-        if _is_td(v):
+        _same_types(vals, key, where, cls)
+        if isinstance(v, cls):
             _same_batch(vals, key, where, skip)
             data[k] = _join(vals, dim, key, skip, where)
         else:
@@ -207,10 +208,10 @@ def _join(tds: list[TensorDict], dim: int, prefix: tuple, skip: int | None, wher
     return first._from_parts(data, torch.Size(size))
 
 
-def _same_types(vals: list, key: tuple, where: str) -> None:
-    is_td = _is_td(vals[0])
+def _same_types(vals: list, key: tuple, where: str, cls: type) -> None:
+    is_td = isinstance(vals[0], cls)
     for i, v in enumerate(vals[1:], 1):
-        if _is_td(v) != is_td:
+        if isinstance(v, cls) != is_td:
             raise ValueError(
                 f"{where}: entry {E.fmt_key(key)} is a {type(vals[0]).__name__} in "
                 f"TensorDict 0 but a {type(v).__name__} in TensorDict {i}."
