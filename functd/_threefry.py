@@ -19,11 +19,11 @@ import torch
 from torch import Tensor
 
 from . import _fused
+from ._eager import plain
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
 _M32 = 0xFFFFFFFF
-_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 
 
 def _to_i32(x: Tensor) -> Tensor:
@@ -33,9 +33,7 @@ def _to_i32(x: Tensor) -> Tensor:
 
 def _inplace_ok(t: Tensor) -> bool:
     """Whether the eager in-place fast path may run: plain tensors, not compiling."""
-    if torch.compiler.is_compiling() or _is_wrapped is None:
-        return False
-    return type(t) is Tensor and not _is_wrapped(t)
+    return type(t) is Tensor and plain((t,))
 
 
 # -- threefry2x32 -------------------------------------------------------------
