@@ -7,8 +7,8 @@ tensors outside ``torch.compile``: not on the wrappers of ``torch.func``'s
 must see the ops), and not while dynamo traces (it compiles the general path).
 
 Example:
-    >>> plain([torch.zeros(2)])
-    True
+    >>> plain([torch.zeros(2)]), plain_tensor(torch.zeros(2))
+    (True, True)
     >>> torch.func.vmap(lambda x: torch.tensor(plain([x])))(torch.zeros(2))
     tensor([False, False])
 """
@@ -18,14 +18,24 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from torch import Tensor
 
-__all__ = ["plain"]
+__all__ = ["plain", "plain_tensor"]
 
 _is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 
 
-def plain(tensors: Iterable[torch.Tensor]) -> bool:
+def plain(tensors: Iterable[Tensor]) -> bool:
     """True when not compiling and no tensor of ``tensors`` is a ``torch.func`` wrapper."""
     if torch.compiler.is_compiling() or _is_wrapped is None:
         return False
     return not any(map(_is_wrapped, tensors))
+
+
+def plain_tensor(t: Tensor) -> bool:
+    """``plain([t])`` for one tensor that must also be exactly a ``torch.Tensor`` (no
+    subclass such as Parameter): the test of the in-place PRNG path, called per op,
+    so written out (one call) rather than through ``plain``."""
+    if torch.compiler.is_compiling() or _is_wrapped is None:
+        return False
+    return type(t) is Tensor and not _is_wrapped(t)
