@@ -19,23 +19,16 @@ import torch
 from torch import Tensor
 
 from . import _fused
+from ._eager import plain_tensor as _inplace_ok  # the eager in-place fast path may run
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
 _M32 = 0xFFFFFFFF
-_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 
 
 def _to_i32(x: Tensor) -> Tensor:
     """Low 32 bits of an int64 tensor as an int32 bit pattern (no overflowing cast)."""
     return (((x & _M32) ^ 0x80000000) - 0x80000000).to(torch.int32)
-
-
-def _inplace_ok(t: Tensor) -> bool:
-    """Whether the eager in-place fast path may run: plain tensors, not compiling."""
-    if torch.compiler.is_compiling() or _is_wrapped is None:
-        return False
-    return type(t) is Tensor and not _is_wrapped(t)
 
 
 # -- threefry2x32 -------------------------------------------------------------

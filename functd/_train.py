@@ -28,30 +28,13 @@ from torch import Tensor
 from . import random as fr
 from ._td import TensorDict
 from ._td._shape import stack
-from ._td._tree import tree
-from .optim import _leaves as L
+from ._transforms._autodiff import loss_and_grad
 from .optim._base import GradientTransformation, apply_updates
+from .optim._errors import not_a_td
 
 __all__ = ["fit", "train_step"]
 
 Step = Callable[[TensorDict, TensorDict, Any, Any], tuple[TensorDict, TensorDict, TensorDict]]
-
-
-def _split_aux(where: str, out: Any) -> tuple[Tensor, Any]:
-    loss, aux = (out[0], out[1]) if isinstance(out, tuple) and len(out) == 2 else (out, {})
-    if not isinstance(loss, Tensor) or loss.ndim != 0:
-        raise TypeError(
-            f"{where}: loss_fn(params, batch, key) must return a scalar tensor (the loss) or a "
-            f"pair (loss, aux); got {_describe(loss)}. Reduce the loss to a scalar, e.g. "
-            ".mean(); under vmap, return each member's scalar."
-        )
-    return loss, aux
-
-
-def _describe(x: Any) -> str:
-    if isinstance(x, Tensor):
-        return f"a tensor of shape {list(x.shape)}"
-    return f"a {type(x).__name__}"
 
 
 def _metrics(where: str, loss: Tensor, aux: Any) -> TensorDict:
@@ -68,42 +51,6 @@ def _metrics(where: str, loss: Tensor, aux: Any) -> TensorDict:
             f"(it becomes the metrics); got a {type(aux).__name__}."
         )
     return TensorDict(entries, [])
-
-
-def _plain(leaves: list[Tensor]) -> bool:
-    if torch.compiler.is_compiling():
-        return False
-    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-    return not any(wrapped(x) for x in leaves)
-
-
-def value_and_grad(where: str, loss_fn: Callable, params: TensorDict, *args: Any):
-    """``(loss, aux), grads`` of ``loss_fn(params, *args)`` with respect to ``params``.
-
-    Under ``torch.compile`` and ``torch.func`` transforms this is
-    ``torch.func.grad_and_value``. On plain eager tensors it is the same
-    computation through ``torch.autograd.grad`` on detached copies of the leaves
-    (views, no data copied), which skips functorch's per-op wrapping overhead;
-    ``params`` is not modified either way.
-    """
-    leaves, spec = L.flatten(where, "params", params)
-
-    def f(p, *a):
-        return _split_aux(where, loss_fn(p, *a))
-
-    if not _plain(leaves):
-        grads, (loss, aux) = torch.func.grad_and_value(f, has_aux=True)(params, *args)
-        return loss, aux, grads
-    with torch.enable_grad():
-        inputs = [x.detach().requires_grad_() for x in leaves]
-        loss, aux = f(L.unflatten(spec, inputs), *args)
-        if not loss.requires_grad:  # the loss does not depend on params
-            gs = [None] * len(inputs)
-        else:
-            gs = torch.autograd.grad(loss, inputs, allow_unused=True)
-    gs = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, gs)]
-    aux = tree.map(lambda t: t.detach() if isinstance(t, Tensor) else t, aux)
-    return loss.detach(), aux, L.unflatten(spec, gs)
 
 
 def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -> Step:
@@ -138,7 +85,9 @@ def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -
     where = f"fd.train_step({getattr(loss_fn, '__name__', 'loss_fn')}, ...)"
 
     def step(params: TensorDict, opt_state: TensorDict, batch: Any, key: Any = None):
-        loss, aux, grads = value_and_grad(where, loss_fn, params, batch, key)
+        if not isinstance(params, TensorDict):
+            raise TypeError(not_a_td(where, "params", params))
+        loss, aux, grads = loss_and_grad(where, loss_fn, params, batch, key)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return apply_updates(params, updates), opt_state, _metrics(where, loss, aux)
 

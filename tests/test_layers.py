@@ -36,7 +36,14 @@ ALLOWED = {
 
 def room(mod: str) -> str:
     parts = mod.split(".")
-    if len(parts) == 2 and parts[1] in {"_errors", "_threefry", "_fused", "_fused_c", "_erfinv"}:
+    if len(parts) == 2 and parts[1] in {
+        "_errors",
+        "_eager",
+        "_threefry",
+        "_fused",
+        "_fused_c",
+        "_erfinv",
+    }:
         return "base"
     sub = parts[1] if len(parts) > 1 else ""
     return {

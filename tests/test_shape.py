@@ -319,3 +319,31 @@ def test_reshape_flat_round_trip(td):
     flat = td.reshape(-1)
     assert flat.batch_size == torch.Size([td.numel()])
     assert_close(flat.reshape(td.batch_size), td)
+
+
+def test_shape_and_repr_sit_below_the_class():
+    # issue 14, circle B: the shape ops and the repr reach TensorDict through the
+    # instances they are given; the container imports them, never the reverse
+    from test_layers import GRAPH, cycles
+
+    td_room = {m: {d for d in deps if d.startswith("functd._td")} for m, deps in GRAPH.items()}
+    td_room = {m: d for m, d in td_room.items() if m.startswith("functd._td")}
+    assert cycles(td_room) == []
+    assert "functd._td._tensordict" not in GRAPH["functd._td._shape"]
+    assert "functd._td._tensordict" not in GRAPH["functd._td._repr"]
+    assert "functd._td._shape" in GRAPH["functd._td._tensordict"]
+
+
+def test_stack_and_cat_reject_a_foreign_tensordict_like():
+    # the type test of stack/cat/unstack knows a functd TensorDict by its class, not by
+    # duck-typed attributes: an object with _batch_size and _data is still refused
+    class Lookalike:
+        _batch_size = torch.Size([2])
+        _data = ()
+
+    td = make((2,))
+    for f in (fd.stack, fd.cat):
+        with pytest.raises(TypeError, match="element 1 is a Lookalike, not a TensorDict"):
+            f([td, Lookalike()])
+    with pytest.raises(TypeError, match="unstack takes a TensorDict"):
+        fd.unstack(Lookalike())

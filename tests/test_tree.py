@@ -259,7 +259,7 @@ def test_pure_methods_never_change_input(td, data):
 def test_rebuilt_tensordict_spec_is_the_one_computed_from_scratch(fn, keeps):
     # torch's unflatten may hand a rebuilt TensorDict the spec it came from (when every
     # entry keeps its rank); whatever it keeps must equal a spec computed afresh
-    from functd._td._tree import _spec
+    from functd._td._tree import spec_of as _spec
 
     td = fd.TensorDict(
         {"w": torch.ones(3, 2, 4), "b": torch.ones(3, 2), "sub": {"z": torch.ones(3, 5)}}, [3]
@@ -277,3 +277,42 @@ def test_rebuilt_tensordict_spec_is_the_one_computed_from_scratch(fn, keeps):
             r.order,
             r.batch_size,
         )
+
+
+# ------------------------------------------------------------------ flat-leaf helpers
+# the one owner of the fast flat-leaf paths (optimizers, train_step, collectives):
+# checked against optree's generic flatten and unflatten of the same TensorDict
+@given(TREES)
+def test_flat_leaves_and_unflatten_like_agree_with_optree(td):
+    from functd._td._tree import flat_leaves, unflatten_like
+
+    leaves, spec = fd.tree.flatten(td)
+    ours = flat_leaves(td)
+    assert len(ours) == len(leaves) and all(a is b for a, b in zip(ours, leaves))
+    new = [torch.zeros_like(x) if x.is_floating_point() else x + 1 for x in leaves]
+    back = unflatten_like(td, new)
+    ref = fd.tree.unflatten(spec, new)
+    assert_close(back, ref)
+    assert back.keys(True) == td.keys(True)  # insertion order at every level
+    assert all(a is b for a, b in zip(fd.tree.leaves(back), new))
+    for k, v in td.items(True):  # batch sizes of every level are the template's
+        if isinstance(v, fd.TensorDict):
+            assert back[k].batch_size == v.batch_size
+    assert all(a is b for a, b in zip(fd.tree.leaves(td), leaves))  # template untouched
+
+
+@given(TREES, TREES)
+def test_same_keys_is_equality_of_tree_structures(a, b):
+    from functd._td._tree import same_keys
+
+    assert same_keys(a, a)
+    assert same_keys(a, b) == (fd.tree.structure(a) == fd.tree.structure(b))
+
+
+def test_same_keys_names_nesting():
+    from functd._td._tree import same_keys
+
+    a = fd.TensorDict({"x": torch.zeros(2), "s": {"y": torch.zeros(2)}}, [2])
+    assert same_keys(a, a.apply(torch.ones_like))
+    assert not same_keys(a, a.set("s", torch.zeros(2)))  # a leaf where a TensorDict was
+    assert not same_keys(a, a.set(("s", "z"), torch.zeros(2)))  # a key more, nested

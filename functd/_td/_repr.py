@@ -28,15 +28,14 @@ def _dims(shape) -> str:
 
 
 def td_repr(td, parent_device=None) -> str:
-    """Return the one-line repr of ``td``."""
-    from ._tensordict import TensorDict
-
+    """Return the one-line repr of ``td`` (nested TensorDicts are of ``type(td)``)."""
     n = len(td._batch_size)
+    cls = type(td)
     device = td.device
     fields = []
     for k in sorted(td._data):
         v = td._data[k]
-        if isinstance(v, TensorDict):
+        if isinstance(v, cls):
             fields.append(f"{k}: {td_repr(v, device)}")
         else:
             at = "" if device is not None else f"@{v.device}" if v.device.type != "cpu" else ""

@@ -3,6 +3,10 @@
 They are free functions (``fd.stack``, ``fd.cat``); TensorDict methods of the
 same name call them. None changes its inputs.
 
+This file sits below the class (``_tensordict`` imports it, never the reverse): it
+reaches TensorDict through the instances it is given, ``type(td)`` for nesting
+checks and ``td._from_parts`` (the class's unchecked constructor) for results.
+
 Example:
     >>> a = fd.TensorDict({"x": torch.zeros(3, 2)}, [3])
     >>> fd.stack([a, a]).batch_size, fd.cat([a, a]).batch_size, a[0:2].batch_size
@@ -12,12 +16,14 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 from .. import _errors as E
-from ._tensordict import TensorDict, _new
+
+#: A TensorDict, named by a type variable: this file never imports the class.
+TensorDict = TypeVar("TensorDict")
 
 __all__ = [
     "cat",
@@ -81,9 +87,10 @@ def index(td: TensorDict, idx: Any) -> TensorDict:
 
 def _index(td: TensorDict, items: tuple) -> TensorDict:
     n = len(td._batch_size)
+    cls = type(td)
     data, new_bs = {}, None
     for k, v in td._data.items():
-        if isinstance(v, TensorDict):
+        if isinstance(v, cls):
             r = _index(v, items)
             extra, shape = len(v._batch_size) - n, r._batch_size
         else:
@@ -95,7 +102,7 @@ def _index(td: TensorDict, items: tuple) -> TensorDict:
     if new_bs is None:  # no leaves: index a dummy of the batch shape
         cpu_items = tuple(i.cpu() if isinstance(i, torch.Tensor) else i for i in items)
         new_bs = torch.empty(td._batch_size, dtype=torch.uint8)[cpu_items].shape
-    return _new(data, new_bs)
+    return td._from_parts(data, new_bs)
 
 
 def _check_same_keys(tds: Sequence[TensorDict], where: str, prefix: tuple = ()) -> None:
@@ -106,11 +113,16 @@ def _check_same_keys(tds: Sequence[TensorDict], where: str, prefix: tuple = ()) 
             raise ValueError(E.stack_keys(i, full0, [(*prefix, k) for k in t._data], where))
 
 
+def _is_td(x: Any) -> bool:
+    """A functd TensorDict: its class carries the unchecked constructor ``_from_parts``."""
+    return getattr(type(x), "_from_parts", None) is not None
+
+
 def _check_list(tds: Any, where: str) -> list[TensorDict]:
-    if isinstance(tds, TensorDict) or not isinstance(tds, Sequence) or not tds:
+    if _is_td(tds) or not isinstance(tds, Sequence) or not tds:
         raise TypeError(f"{where} takes a non-empty list of TensorDicts, e.g. {where}([a, b])")
     for i, t in enumerate(tds):
-        if not isinstance(t, TensorDict):
+        if not _is_td(t):
             raise TypeError(f"{where}: element {i} is a {type(t).__name__}, not a TensorDict")
     return list(tds)
 
@@ -134,40 +146,72 @@ def stack(tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
         >>> fd.stack([td, td]).batch_size  # td.batch_size == [5]
         torch.Size([2, 5])
     """
-    tds = _check_list(tds, "stack")
+    tds, dim = _check_join(tds, dim, "stack")
+    return _join(tds, dim, (), None, "stack")
+
+
+def cat(tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
+    """Concatenate TensorDicts along the existing batch dim ``dim``.
+
+    Raises:
+        ValueError: the keys, other batch dims or feature shapes differ.
+    """
+    tds, dim = _check_join(tds, dim, "cat")
+    return _join(tds, dim, (), dim, "cat")
+
+
+def _check_join(tds: Any, dim: int, where: str) -> tuple[list[TensorDict], int]:
+    """The list checks of ``stack`` (equal batch sizes) and ``cat`` (equal but in ``dim``)."""
+    tds = _check_list(tds, where)
     bs = tds[0]._batch_size
-    dim = _norm_dim(dim, len(bs) + 1, "stack")
+    skip = dim if where == "cat" else None
+    dim = _norm_dim(dim, len(bs) + (skip is None), where)
+    skip = None if skip is None else dim
     for i, t in enumerate(tds[1:], 1):
-        if t._batch_size != bs:
-            raise ValueError(
-                f"stack: TensorDict 0 has batch_size {list(bs)} but TensorDict {i} has "
-                f"{list(t._batch_size)}; stacked TensorDicts must have the same batch size."
+        tb = t._batch_size
+        if len(tb) != len(bs) or any(a != b for j, (a, b) in enumerate(zip(tb, bs)) if j != skip):
+            why = (
+                "stacked TensorDicts must have the same batch size."
+                if skip is None
+                else f"they may differ only in dim {dim}."
             )
-    return _stack(tds, dim, ())
+            raise ValueError(
+                f"{where}: TensorDict 0 has batch_size {list(bs)} but TensorDict {i} has "
+                f"{list(tb)}; {why}"
+            )
+    return tds, dim
 
 
-def _stack(tds: list[TensorDict], dim: int, prefix: tuple) -> TensorDict:
-    _check_same_keys(tds, "stack", prefix)
+def _join(tds: list[TensorDict], dim: int, prefix: tuple, skip: int | None, where: str):
+    """Stack (``skip=None``: along a new dim ``dim``) or cat (``skip=dim``) the entries
+    of ``tds`` with the same keys; nested levels recurse."""
+    _check_same_keys(tds, where, prefix)
     first = tds[0]
+    cls = type(first)
     bs = first._batch_size
+    n = len(bs)
     data = {}
     for k, v in first._data.items():
         vals = [t._data[k] for t in tds]
-        if isinstance(v, TensorDict):
-            _same_types(vals, (*prefix, k), "stack")
-            _same_batch(vals, (*prefix, k), "stack", None)
-            data[k] = _stack(vals, dim, (*prefix, k))
+        key = (*prefix, k)
+        _same_types(vals, key, where, cls)
+        if isinstance(v, cls):
+            _same_batch(vals, key, where, skip)
+            data[k] = _join(vals, dim, key, skip, where)
         else:
-            _same_types(vals, (*prefix, k), "stack")
-            _same_shapes(vals, (*prefix, k), len(bs), "stack", None)
-            data[k] = torch.stack(vals, dim)
-    return _new(data, torch.Size((*bs[:dim], len(tds), *bs[dim:])))
+            _same_shapes(vals, key, n, where, skip)
+            data[k] = torch.stack(vals, dim) if skip is None else torch.cat(vals, dim)
+    if skip is None:
+        size = (*bs[:dim], len(tds), *bs[dim:])
+    else:
+        size = (*bs[:dim], sum(t._batch_size[dim] for t in tds), *bs[dim + 1 :])
+    return first._from_parts(data, torch.Size(size))
 
 
-def _same_types(vals: list, key: tuple, where: str) -> None:
-    is_td = isinstance(vals[0], TensorDict)
+def _same_types(vals: list, key: tuple, where: str, cls: type) -> None:
+    is_td = isinstance(vals[0], cls)
     for i, v in enumerate(vals[1:], 1):
-        if isinstance(v, TensorDict) != is_td:
+        if isinstance(v, cls) != is_td:
             raise ValueError(
                 f"{where}: entry {E.fmt_key(key)} is a {type(vals[0]).__name__} in "
                 f"TensorDict 0 but a {type(v).__name__} in TensorDict {i}."
@@ -198,44 +242,6 @@ def _same_shapes(vals: list, key: tuple, n: int, where: str, skip: int | None) -
             raise ValueError(E.stack_shapes(i, key, s0[n:], s[n:], where))
 
 
-def cat(tds: Sequence[TensorDict], dim: int = 0) -> TensorDict:
-    """Concatenate TensorDicts along the existing batch dim ``dim``.
-
-    Raises:
-        ValueError: the keys, other batch dims or feature shapes differ.
-    """
-    tds = _check_list(tds, "cat")
-    bs = tds[0]._batch_size
-    dim = _norm_dim(dim, len(bs), "cat")
-    for i, t in enumerate(tds[1:], 1):
-        tb = t._batch_size
-        if len(tb) != len(bs) or any(a != b for j, (a, b) in enumerate(zip(tb, bs)) if j != dim):
-            raise ValueError(
-                f"cat: TensorDict 0 has batch_size {list(bs)} but TensorDict {i} has "
-                f"{list(tb)}; they may differ only in dim {dim}."
-            )
-    return _cat(tds, dim, ())
-
-
-def _cat(tds: list[TensorDict], dim: int, prefix: tuple) -> TensorDict:
-    _check_same_keys(tds, "cat", prefix)
-    first = tds[0]
-    n = len(first._batch_size)
-    data = {}
-    for k, v in first._data.items():
-        vals = [t._data[k] for t in tds]
-        _same_types(vals, (*prefix, k), "cat")
-        if isinstance(v, TensorDict):
-            _same_batch(vals, (*prefix, k), "cat", dim)
-            data[k] = _cat(vals, dim, (*prefix, k))
-        else:
-            _same_shapes(vals, (*prefix, k), n, "cat", dim)
-            data[k] = torch.cat(vals, dim)
-    bs = first._batch_size
-    total = sum(t._batch_size[dim] for t in tds)
-    return _new(data, torch.Size((*bs[:dim], total, *bs[dim + 1 :])))
-
-
 def unbind(td: TensorDict, dim: int = 0) -> tuple[TensorDict, ...]:
     """Split along batch dim ``dim`` (the inverse of ``stack``): ``fd.unbind(td)``."""
     n = len(td._batch_size)
@@ -263,13 +269,14 @@ def _infer_shape(shape: tuple, numel) -> torch.Size:
 def _map_batch(td: TensorDict, fn, new_bs: torch.Size) -> TensorDict:
     """Apply ``fn(leaf, feature_shape)`` to each leaf; children recurse."""
     n = len(td._batch_size)
+    cls = type(td)
     data = {}
     for k, v in td._data.items():
-        if isinstance(v, TensorDict):
+        if isinstance(v, cls):
             data[k] = _map_batch(v, fn, torch.Size((*new_bs, *v._batch_size[n:])))
         else:
             data[k] = fn(v, v.shape[n:])
-    return _new(data, new_bs)
+    return td._from_parts(data, new_bs)
 
 
 def reshape(td: TensorDict, *shape: int) -> TensorDict:
@@ -339,7 +346,7 @@ def unstack(td: TensorDict) -> tuple[TensorDict, ...]:
         >>> len(members)
         3
     """
-    if not isinstance(td, TensorDict):
+    if not _is_td(td):
         raise TypeError(
             f"unstack takes a TensorDict (e.g. stacked params); got {type(td).__name__}"
         )

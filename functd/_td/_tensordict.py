@@ -23,7 +23,9 @@ from typing import Any
 import torch
 
 from .. import _errors as E
+from . import _shape
 from ._construct import _LEAF_TYPES, _SIZES, _fast_leaves, _size1
+from ._repr import td_repr
 
 Key = str | tuple[str, ...]
 _MISSING = object()  # "no default given"
@@ -228,9 +230,7 @@ class TensorDict:
             return value
         if isinstance(index, tuple) and all(isinstance(i, str) for i in index):
             return self.get(index)  # () included: the empty-key error
-        from ._shape import index as _index
-
-        return _index(self, index)
+        return _shape.index(self, index)
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):
@@ -394,8 +394,6 @@ class TensorDict:
         return (TensorDict, (self._data, list(self._batch_size)))
 
     def __repr__(self) -> str:
-        from ._repr import td_repr
-
         return td_repr(self)
 
     # --------------------------------------------------------- leafwise helpers
@@ -433,29 +431,19 @@ class TensorDict:
     # shape methods (implemented in _shape.py)
     def reshape(self, *shape: int) -> TensorDict:
         """Reshape the batch dims: ``td.reshape(2, -1)``."""
-        from ._shape import reshape
-
-        return reshape(self, *shape)
+        return _shape.reshape(self, *shape)
 
     def unsqueeze(self, dim: int) -> TensorDict:
-        from ._shape import unsqueeze
-
-        return unsqueeze(self, dim)
+        return _shape.unsqueeze(self, dim)
 
     def squeeze(self, dim: int | None = None) -> TensorDict:
-        from ._shape import squeeze
-
-        return squeeze(self, dim)
+        return _shape.squeeze(self, dim)
 
     def expand(self, *shape: int) -> TensorDict:
-        from ._shape import expand
-
-        return expand(self, *shape)
+        return _shape.expand(self, *shape)
 
     def unbind(self, dim: int = 0) -> tuple[TensorDict, ...]:
-        from ._shape import unbind
-
-        return unbind(self, dim)
+        return _shape.unbind(self, dim)
 
 
 def _cast(dtype: torch.dtype, name: str):
@@ -518,6 +506,11 @@ def _new(data: dict, batch_size: torch.Size) -> TensorDict:
     td = _alloc(TensorDict)
     _init(td, data, batch_size)
     return td
+
+
+# The instance's own constructor, for the files below this one (_shape): they reach the
+# class only through the TensorDicts they are given (and know one by this attribute).
+TensorDict._from_parts = staticmethod(_new)  # type: ignore[attr-defined]
 
 
 def _check_value(path: tuple, value: Any, bs: torch.Size, device) -> Any:

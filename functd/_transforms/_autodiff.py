@@ -25,7 +25,10 @@ from typing import Any
 import torch
 import torch.utils._pytree as torch_pytree
 
+from .._eager import plain
 from .._td import TensorDict, _new
+from .._td._tree import flat_leaves, tree, unflatten_like
+from ._paths import fmt_path
 
 __all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "value_and_grad", "vjp"]
 
@@ -61,10 +64,6 @@ def _paths(tree: Any) -> tuple[list, list, Any]:
     return [p for p, _ in pairs], [v for _, v in pairs], spec
 
 
-def _path_str(root: str, path: tuple) -> str:
-    return root + torch_pytree.keystr(path)
-
-
 def _differentiable(leaf: Any) -> bool:
     return isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex())
 
@@ -75,22 +74,26 @@ def _check_diff_inputs(where: str, args: tuple, nums: tuple[int, ...]) -> None:
             continue  # the common case: no paths needed
         paths, leaves, _ = _paths(args[i])
         for p, leaf in zip(paths, leaves):
-            at = _path_str(f"args[{i}]", p)
-            if not isinstance(leaf, torch.Tensor):
-                raise TypeError(
-                    f"{where}: {at} is a {type(leaf).__name__}, not a tensor, so it cannot be "
-                    "differentiated. Keep non-tensor values in arguments that argnums does "
-                    "not name (or in keyword arguments, or in the module's static fields)."
-                )
-            if not (leaf.is_floating_point() or leaf.is_complex()):
-                raise TypeError(
-                    f"{where}: {at} has dtype {leaf.dtype}; only floating (or complex) tensors "
-                    "can be differentiated. Cast it (td.double(), x.float()) or pass it in an "
-                    "argument that argnums does not name."
-                )
+            if _differentiable(leaf):
+                continue
+            why = (
+                f"has dtype {leaf.dtype}; only floating (or complex) tensors can be "
+                "differentiated. Cast it (td.double(), x.float()) or pass it in an argument "
+                "that argnums does not name."
+                if isinstance(leaf, torch.Tensor)
+                else f"is a {type(leaf).__name__}, not a tensor, so it cannot be differentiated. "
+                "Keep non-tensor values in arguments that argnums does not name (or in keyword "
+                "arguments, or in the module's static fields)."
+            )
+            raise TypeError(f"{where}: {fmt_path(p, f'args[{i}]')} {why}")
 
 
-def _split_aux(where: str, out: Any, has_aux: bool) -> tuple[Any, Any]:
+def _split_aux(where: str, out: Any, has_aux: bool | None) -> tuple[Any, Any]:
+    """``(value, aux)`` of what a differentiated function returned: with ``has_aux`` a
+    pair (checked); without, ``(out, None)``; ``None`` (``fd.train_step``'s loss_fn)
+    takes a pair when it is one, else ``(out, {})``."""
+    if has_aux is None:
+        return (out[0], out[1]) if isinstance(out, tuple) and len(out) == 2 else (out, {})
     if not has_aux:
         return out, None
     if not isinstance(out, tuple) or len(out) != 2:
@@ -138,7 +141,7 @@ def _check_tensor_outputs(where: str, out: Any, root: str = "output") -> None:
     for p, leaf in zip(paths, leaves):
         if not isinstance(leaf, torch.Tensor):
             raise TypeError(
-                f"{where}: {_path_str(root, p)} is a {type(leaf).__name__}; the function must "
+                f"{where}: {fmt_path(p, root)} is a {type(leaf).__name__}; the function must "
                 "return only tensors (in tuples, dicts or TensorDicts). Return other values as "
                 "aux with has_aux=True."
             )
@@ -149,8 +152,8 @@ def _check_like(where: str, got: Any, like: Any, what: str, like_what: str) -> N
     gp, gl, gs = _paths(got)
     lp, ll, ls = _paths(like)
     if gs != ls:
-        only_g = sorted(set(map(torch_pytree.keystr, gp)) - set(map(torch_pytree.keystr, lp)))
-        only_l = sorted(set(map(torch_pytree.keystr, lp)) - set(map(torch_pytree.keystr, gp)))
+        g_keys, l_keys = {fmt_path(p, "") for p in gp}, {fmt_path(p, "") for p in lp}
+        only_g, only_l = sorted(g_keys - l_keys), sorted(l_keys - g_keys)
         raise ValueError(
             f"{where}: the {what} do not have the structure of the {like_what}: only in the "
             f"{what}: {only_g or '(none)'}; only in the {like_what}: {only_l or '(none)'}"
@@ -167,7 +170,7 @@ def _check_like(where: str, got: Any, like: Any, what: str, like_what: str) -> N
                 else f"a {type(g).__name__}"
             )
             raise ValueError(
-                f"{where}: {_path_str(what, p)} has {got_s} but {_path_str(like_what, p)} has "
+                f"{where}: {fmt_path(p, what)} has {got_s} but {fmt_path(p, like_what)} has "
                 f"shape {list(v.shape)} and dtype {v.dtype}; they must match."
             )
 
@@ -267,6 +270,60 @@ def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> 
         return ((value, aux), g) if has_aux else (value, g)
 
     return value_and_grad_f
+
+
+# ------------------------------------------------------------------ fd.train_step's
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {list(x.shape)}"
+    return f"a {type(x).__name__}"
+
+
+def _check_loss(where: str, loss: Any) -> None:
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        raise TypeError(
+            f"{where}: loss_fn(params, batch, key) must return a scalar tensor (the loss) or a "
+            f"pair (loss, aux); got {_describe(loss)}. Reduce the loss to a scalar, e.g. "
+            ".mean(); under vmap, return each member's scalar."
+        )
+
+
+def loss_and_grad(
+    where: str, loss_fn: Callable, params: TensorDict, *args: Any
+) -> tuple[torch.Tensor, Any, TensorDict]:
+    """``loss, aux, grads`` of ``loss_fn(params, *args)`` with respect to the TensorDict
+    ``params``: ``fd.train_step``'s gradient (its loss_fn returns the scalar loss or
+    ``(loss, aux)``).
+
+    Under ``torch.compile`` and ``torch.func`` transforms this is
+    ``torch.func.grad_and_value``. On plain eager tensors it is the same
+    computation through ``torch.autograd.grad`` on detached copies of the leaves
+    (views, no data copied), which skips functorch's per-op wrapping overhead;
+    ``params`` is not modified either way.
+
+    Example:
+        >>> loss, aux, grads = loss_and_grad("fd.train_step(f, ...)", f, params, batch, key)
+    """
+    leaves = flat_leaves(params)
+
+    def f(p: TensorDict, *a: Any) -> tuple[torch.Tensor, Any]:
+        loss, aux = _split_aux(where, loss_fn(p, *a), None)
+        _check_loss(where, loss)
+        return loss, aux
+
+    if not plain(leaves):
+        grads, (loss, aux) = torch.func.grad_and_value(f, has_aux=True)(params, *args)
+        return loss, aux, grads
+    with torch.enable_grad():
+        inputs = [x.detach().requires_grad_() for x in leaves]
+        loss, aux = f(unflatten_like(params, inputs), *args)
+        if not loss.requires_grad:  # the loss does not depend on params
+            gs = [None] * len(inputs)
+        else:
+            gs = torch.autograd.grad(loss, inputs, allow_unused=True)
+    gs = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, gs)]
+    aux = tree.map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, aux)
+    return loss.detach(), aux, unflatten_like(params, gs)
 
 
 # ------------------------------------------------------------------ Jacobians

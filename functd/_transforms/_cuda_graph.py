@@ -34,6 +34,7 @@ import torch
 
 from .._td import TensorDict
 from .._td._tree import NAMESPACE
+from ._paths import fmt_call_path
 
 __all__ = ["CudaGraphWarning", "cuda_graph", "signature"]
 
@@ -55,17 +56,6 @@ class CacheInfo(NamedTuple):
 
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
-
-
-def _fmt_path(path: tuple) -> str:
-    head, rest = path[0], path[1:]
-    if head == 0:  # positional
-        out, rest = f"args[{rest[0]}]", rest[1:]
-    else:
-        out, rest = f"{rest[0]}=", rest[1:]
-    if not rest:
-        return out
-    return out + "".join(f"[{p!r}]" for p in rest)
 
 
 def _td_layout(x: Any) -> tuple:
@@ -184,7 +174,7 @@ def _unhashable(args: tuple, kwargs: dict) -> None:
     leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)
     paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
     bad = next(
-        _fmt_path(p)
+        fmt_call_path(p)
         for p, v in zip(paths, leaves)
         if not isinstance(v, torch.Tensor) and not _hashable(v)
     )
@@ -374,7 +364,7 @@ class _Graphed:
     def _bad_inputs(self, grad: bool, args: tuple, kwargs: dict) -> None:
         leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)
         paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
-        described = [(_fmt_path(p), v) for p, v in zip(paths, leaves) if _is_tensor(v)]
+        described = [(fmt_call_path(p), v) for p, v in zip(paths, leaves) if _is_tensor(v)]
         if grad:
             bad = [p for p, v in described if v.requires_grad]
             raise ValueError(

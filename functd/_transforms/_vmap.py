@@ -22,8 +22,9 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 from .._td import TensorDict, _new
-from .._td._tree import _spec as _td_spec
+from .._td._tree import spec_of
 from . import _axes
+from ._paths import fmt_path
 
 __all__ = ["vmap"]
 
@@ -60,11 +61,6 @@ class _Leaf:
 
     def __init__(self, path: tuple, value: Any, dim: int | None) -> None:
         self.path, self.value, self.dim = path, value, dim
-
-
-def fmt_path(path: tuple, root: str = "args") -> str:
-    """``('0', 'obs', 'pos')`` -> ``args[0]['obs']['pos']``."""
-    return root + "".join(f"[{p!r}]" if isinstance(p, str) else f"[{p}]" for p in path)
 
 
 def _is_dim(d: Any) -> bool:
@@ -119,7 +115,7 @@ def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> Any:
         else:
             raise _dim_type_error(name, "in_dims", path, dims, value)
         _check_td(name, path, value, out[start:])
-        return _Spec(TensorDict, value._spec or _td_spec(value), children)
+        return _Spec(TensorDict, value._spec or spec_of(value), children)
     if isinstance(value, torch.Tensor):
         if not (dims is None or type(dims) is int or _is_dim(dims)):
             raise _dim_type_error(name, "in_dims", path, dims, value)

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from .._td import TensorDict
 from .._td._tree import tree as fdtree
-from ..optim import _leaves as L
+from .._td._tree import unflatten_like
 from ._group import check_structure, resolve
 
 __all__ = ["all_gather", "all_reduce", "broadcast", "reduce_scatter"]
@@ -177,7 +177,7 @@ def _rebuild(tree: Any, spec: Any, out: list) -> Any:
     """The result tree: laid out as ``tree`` itself when it is a TensorDict and the
     shapes are kept (reuses its cached layout), else through ``functd.tree``."""
     if type(tree) is TensorDict:
-        return L.unflatten(tree, out)
+        return unflatten_like(tree, out)
     return fdtree.unflatten(spec, out)
 
 

@@ -27,7 +27,8 @@ from torch import Tensor
 
 from .._td import TensorDict
 from .._td._tree import tree as fdtree
-from ..optim import _leaves as L
+from .._td._tree import unflatten_like
+from ..optim import _listops as L
 from ..optim._base import GradientTransformation, transformation
 from ..optim._errors import not_a_td
 from ._collectives import _DEFAULT_CAP_MB, _all_reduce, _is_dtensor, all_reduce
@@ -69,7 +70,7 @@ def _update(updates, state, params=None, *, name: str, op: str, group: Any, buck
     dtensors = [i for i, x in enumerate(leaves) if _is_dtensor(x)]
     if not dtensors:  # the common case: one bucketed all-reduce, named errors
         out = _all_reduce(where, updates, op, group, bucket_cap_mb, "first", (leaves, spec))
-        return L.unflatten(updates, out), state
+        return unflatten_like(updates, out), state
     out = list(leaves)
     for i in dtensors:
         out[i] = resolve_partial(leaves[i])
@@ -78,7 +79,7 @@ def _update(updates, state, params=None, *, name: str, op: str, group: Any, buck
         reduced = all_reduce([leaves[i] for i in plain], op, group, bucket_cap_mb=bucket_cap_mb)
         for i, r in zip(plain, reduced):
             out[i] = r
-    return L.unflatten(updates, out), state
+    return unflatten_like(updates, out), state
 
 
 def pmean(group: Any = None, *, bucket_cap_mb: float = _DEFAULT_CAP_MB) -> GradientTransformation:

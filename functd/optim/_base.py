@@ -26,7 +26,8 @@ from typing import Any, NamedTuple
 import torch
 
 from .._td import TensorDict, _new
-from . import _leaves as L
+from .._td._tree import unflatten_like
+from . import _listops as L
 
 __all__ = ["GradientTransformation", "Partial", "apply_updates", "chain", "identity"]
 
@@ -209,8 +210,8 @@ def apply_updates(params: TensorDict, updates: TensorDict) -> TensorDict:
         >>> params = fd.optim.apply_updates(params, updates)
     """
     where = "fd.optim.apply_updates"
-    p, spec = L.flatten(where, "params", params)
-    u, uspec = L.flatten(where, "updates", updates)
+    p, spec = L.checked_leaves(where, "params", params)
+    u, uspec = L.checked_leaves(where, "updates", updates)
     L.check_same(where, "params", p, spec, "updates", u, uspec, params, updates)
     u = [x if x.dtype == y.dtype else x.to(y.dtype) for x, y in zip(u, p)]
-    return L.unflatten(spec, L.add(p, u))
+    return unflatten_like(spec, L.add(p, u))

@@ -18,7 +18,7 @@ import torch
 
 from .._td import TensorDict
 from . import _checks as C
-from . import _leaves as L
+from . import _listops as L
 from ._base import GradientTransformation, transformation
 
 
@@ -50,7 +50,7 @@ def _update(updates, state, params=None, *, name, factory, static, hparams):
     stored = state._data["hyperparams"]
     L.check_state(where + " (opt_state['hyperparams'])", stored, tuple(k for k, _ in hparams))
     count = state._data["count"]
-    g, _ = L.flatten(where, "grads", updates)
+    g, _ = L.checked_leaves(where, "grads", updates)
     values = _values(hparams, stored, count, L.scalar_dtype(g), count.device)
     inner = factory(**dict(static), **values)
     updates, inner_state = inner.update(updates, state._data["inner_state"], params)

@@ -27,8 +27,9 @@ import torch
 from torch import Tensor
 
 from .._td import TensorDict
+from .._td._tree import unflatten_like
 from . import _errors as E
-from . import _leaves as L
+from . import _listops as L
 from ._base import GradientTransformation, transformation
 from ._checks import is_zero
 
@@ -146,7 +147,7 @@ def _init(params: TensorDict, *, name: str, kernel: str, lr, weight_decay, decou
     spec = params
     entries: dict[str, Any] = {"count": L.new_count(leaves)}
     for b, fill in KERNELS[kernel][0](**hp).items():
-        entries[b] = L.unflatten(spec, [_full_like(x, fill) for x in leaves])
+        entries[b] = unflatten_like(spec, [_full_like(x, fill) for x in leaves])
     return L.state_td(entries)
 
 
@@ -161,18 +162,18 @@ def _update(updates, state, params=None, *, name, kernel, lr, weight_decay, deco
     buffers_fn, step_fn = KERNELS[kernel]
     names = tuple(buffers_fn(**hp))
     L.check_state(where, state, ("count", *names))
-    g, spec = L.flatten(where, "grads", updates)
+    g, spec = L.checked_leaves(where, "grads", updates)
     bufs = {}
     for b in names:
         sub = state._data[b]
-        leaves, bspec = L.flatten(where, f"opt_state[{b!r}]", sub)
+        leaves, bspec = L.checked_leaves(where, f"opt_state[{b!r}]", sub)
         L.check_same(where, "grads", g, spec, f"opt_state[{b!r}]", leaves, bspec, updates, sub)
         bufs[b] = leaves
     decay = not is_zero(weight_decay)
     if decay:
         if params is None:
             raise ValueError(E.needs_params(where, f"weight_decay={weight_decay!r}"))
-        p, pspec = L.flatten(where, "params", params)
+        p, pspec = L.checked_leaves(where, "params", params)
         L.check_same(where, "grads", g, spec, "params", p, pspec, updates, params)
     fe = L.foreach(g)
     count = state._data["count"]
@@ -196,8 +197,8 @@ def _update(updates, state, params=None, *, name, kernel, lr, weight_decay, deco
         d = L.scale_fresh(d, neg_lr, fe, True)
     else:
         d = L.scale_fresh(d, _times(factor, neg_lr), fe, fresh)
-    entries = {"count": new_count, **{b: L.unflatten(spec, new[b]) for b in names}}
-    return L.unflatten(spec, d), L.state_td(entries)
+    entries = {"count": new_count, **{b: unflatten_like(spec, new[b]) for b in names}}
+    return unflatten_like(spec, d), L.state_td(entries)
 
 
 def _times(a, b):

@@ -19,9 +19,10 @@ import torch
 from torch import Tensor
 
 from .._td import TensorDict
+from .._td._tree import unflatten_like
 from . import _checks as C
 from . import _errors as E
-from . import _leaves as L
+from . import _listops as L
 from ._base import GradientTransformation, transformation
 from ._kernels import kernel_transformation
 
@@ -37,14 +38,14 @@ def _empty_init(params: TensorDict, *, name: str, **hp: Any) -> TensorDict:
 def _map_update(updates, state, params=None, *, name: str, fn: Callable, **hp: Any):
     where = f"fd.optim.{name}.update"
     L.check_state(where, state, ())
-    g, spec = L.flatten(where, "grads", updates)
+    g, spec = L.checked_leaves(where, "grads", updates)
     p = None
     if fn is _decay:
         if params is None:
             raise ValueError(E.needs_params(where, "add_decayed_weights"))
-        p, pspec = L.flatten(where, "params", params)
+        p, pspec = L.checked_leaves(where, "params", params)
         L.check_same(where, "grads", g, spec, "params", p, pspec, updates, params)
-    return L.unflatten(spec, fn(g, p, L.foreach(g), **hp)), state
+    return unflatten_like(spec, fn(g, p, L.foreach(g), **hp)), state
 
 
 def _scale(g, p, fe, *, step_size):
@@ -131,10 +132,10 @@ def _count_init(params: TensorDict, *, name: str, **hp: Any) -> TensorDict:
 def _schedule_update(updates, state, params=None, *, name: str, schedule: Callable, sign: int):
     where = f"fd.optim.{name}.update"
     L.check_state(where, state, ("count",))
-    g, spec = L.flatten(where, "grads", updates)
+    g, spec = L.checked_leaves(where, "grads", updates)
     count = state._data["count"]
     value = schedule(count.to(L.scalar_dtype(g)))
-    out = L.unflatten(spec, L.scale(value if sign > 0 else -value, g, L.foreach(g)))
+    out = unflatten_like(spec, L.scale(value if sign > 0 else -value, g, L.foreach(g)))
     return out, L.state_td({"count": count + 1})
 
 

@@ -14,7 +14,7 @@ import torch
 
 from .._td import TensorDict
 from .._td._tree import tree
-from . import _leaves as L
+from . import _listops as L
 from ._base import GradientTransformation, transformation
 
 
@@ -32,7 +32,7 @@ def _all_finite(xs: list[torch.Tensor]) -> torch.Tensor:
 def _update(updates, state, params=None, *, name: str, inner: GradientTransformation):
     where = f"fd.optim.{name}.update"
     L.check_state(where, state, ("inner_state", "nonfinite_count"))
-    g, _ = L.flatten(where, "grads", updates)
+    g, _ = L.checked_leaves(where, "grads", updates)
     old_inner = state._data["inner_state"]
     new_updates, new_inner = inner.update(updates, old_inner, params)
     u, spec = tree.flatten(new_updates)

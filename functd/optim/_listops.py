@@ -1,12 +1,17 @@
-"""Leaf-level helpers of the optimizers: flattening, checks, and list ops.
+"""Leaf-list helpers of the optimizers: input checks, and list ops.
 
 The optimizers work on the flat list of leaves of a TensorDict (optree order,
-namespace ``"functd"``). The list ops call ``torch._foreach_*`` (one dispatch
-for all leaves) on plain eager tensors, and fall back to one op per leaf under
-``torch.compile`` (inductor fuses them anyway) and under ``torch.func``
-transforms (``vmap`` has no batching rule for the foreach ops). Both paths
-compute the same thing: the foreach op *is* the per-tensor op, and no op here is
-in-place, so nothing given is ever written.
+namespace ``"functd"``): ``functd._td._tree.flat_leaves`` lists them and
+``unflatten_like`` puts new ones back into the TensorDict's layout. The list ops
+call ``torch._foreach_*`` (one dispatch for all leaves) on plain eager tensors,
+and fall back to one op per leaf under ``torch.compile`` (inductor fuses them
+anyway) and under ``torch.func`` transforms (``vmap`` has no batching rule for
+the foreach ops). Both paths compute the same thing: the foreach op *is* the
+per-tensor op, and no op here is in-place, so nothing given is ever written.
+
+Example:
+    >>> leaves, template = checked_leaves("fd.optim.sgd.update", "grads", grads)
+    >>> unflatten_like(template, scale(-0.1, leaves, foreach(leaves)))
 """
 
 from __future__ import annotations
@@ -17,76 +22,26 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._eager import plain
 from .._td import TensorDict, _new
-from .._td._tree import _spec, tree
+from .._td._tree import flat_leaves, same_keys, tree
 from . import _errors as E
 
 Scalar = float | Tensor
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-# ------------------------------------------------------------------ flattening
-# The leaves are listed in optree's order (sorted keys, depth first), by a direct
-# walk of the TensorDicts (cheaper than a generic pytree flatten), and a list of
-# new leaves is put back into the layout of a template TensorDict whose leaves
-# have the same shapes (the template's batch sizes and cached spec are reused).
-def flatten(where: str, what: str, td: Any) -> tuple[list[Tensor], TensorDict]:
-    """Leaves of a TensorDict and the TensorDict itself (the template to rebuild
-    from); raises a clear TypeError for anything else."""
+# ------------------------------------------------------------------ checks
+def checked_leaves(where: str, what: str, td: Any) -> tuple[list[Tensor], TensorDict]:
+    """The leaves of a TensorDict (``flat_leaves``) and the TensorDict itself (the
+    template for ``unflatten_like``); raises a clear TypeError for anything else."""
     if not isinstance(td, TensorDict):
         raise TypeError(E.not_a_td(where, what, td))
-    out: list[Tensor] = []
-    _walk(td, out)
-    return out, td
-
-
-def _walk(td: TensorDict, out: list) -> None:
-    data = td._data
-    for k in (td._spec or _spec(td)).keys:
-        v = data[k]
-        if type(v) is TensorDict:
-            _walk(v, out)
-        else:
-            out.append(v)
-
-
-def unflatten(template: TensorDict, leaves: list[Tensor]) -> TensorDict:
-    """A TensorDict laid out as ``template`` (same keys, order and batch sizes)
-    holding ``leaves`` (in the order of ``flatten``; same shapes as the template's)."""
-    return _build(template, iter(leaves))
-
-
-def _build(td: TensorDict, it) -> TensorDict:
-    data = td._data
-    spec = td._spec or _spec(td)
-    vals = {}
-    for k in spec.keys:
-        v = data[k]
-        vals[k] = _build(v, it) if type(v) is TensorDict else next(it)
-    if spec.order is not None:  # insertion order differs from the sorted one
-        vals = {k: vals[k] for k in spec.order}
-    out = _new(vals, td._batch_size)
-    object.__setattr__(out, "_spec", spec)  # same keys and ranks: share the cached spec
-    if td._checked is not None:  # same keys and shapes: a module's params check holds too
-        object.__setattr__(out, "_checked", td._checked)
-    return out
-
-
-def _same_keys(a: TensorDict, b: TensorDict) -> bool:
-    if not (a._spec is not None and a._spec is b._spec) and a._data.keys() != b._data.keys():
-        return False
-    for k, v in a._data.items():
-        w = b._data[k]
-        if isinstance(v, TensorDict) != isinstance(w, TensorDict):
-            return False
-        if isinstance(v, TensorDict) and not _same_keys(v, w):
-            return False
-    return True
+    return flat_leaves(td), td
 
 
 def check_params(where: str, params: Any) -> list[Tensor]:
     """The leaves of ``params``; every one must be a floating-point tensor."""
-    leaves, _ = flatten(where, "params", params)
+    leaves, _ = checked_leaves(where, "params", params)
     if not all(x.is_floating_point() for x in leaves):
         paths = tree.paths(params)
         for path, x in zip(paths, leaves):
@@ -108,7 +63,7 @@ def check_same(where, a_name, a, a_spec, b_name, b, b_spec, a_td, b_td) -> None:
     if (
         len(a) == len(b)
         and all(x.shape == y.shape for x, y in zip(a, b))
-        and (a_spec is b_spec or _same_keys(a_spec, b_spec))
+        and (a_spec is b_spec or same_keys(a_spec, b_spec))
     ):
         return
     raise ValueError(E.layout_mismatch(where, a_name, a_td, b_name, b_td))
@@ -136,11 +91,8 @@ def state_td(entries: dict[str, Any]) -> TensorDict:
 
 
 # ------------------------------------------------------------------ list ops
-def foreach(xs: list[Tensor]) -> bool:
-    """Whether the ``torch._foreach_*`` ops may run on ``xs`` (plain eager tensors)."""
-    if torch.compiler.is_compiling():
-        return False
-    return not any(_is_wrapped(x) for x in xs)
+#: Whether the ``torch._foreach_*`` ops may run on ``xs``: plain eager tensors.
+foreach = plain
 
 
 def _map(op: str, fe: bool, *args: Any) -> list[Tensor]:

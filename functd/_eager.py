@@ -1,0 +1,41 @@
+"""Whether tensors are plain eager ones: the test in front of every eager fast path.
+
+Eager fast paths (torch's ``_foreach_*`` ops, in-place work on fresh buffers,
+``torch.autograd.grad`` instead of ``torch.func.grad``) may only run on plain
+tensors outside ``torch.compile``: not on the wrappers of ``torch.func``'s
+``vmap``/``grad`` levels (no batching rule for the foreach ops; a grad level
+must see the ops), and not while dynamo traces (it compiles the general path).
+
+Example:
+    >>> plain([torch.zeros(2)]), plain_tensor(torch.zeros(2))
+    (True, True)
+    >>> torch.func.vmap(lambda x: torch.tensor(plain([x])))(torch.zeros(2))
+    tensor([False, False])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+__all__ = ["plain", "plain_tensor"]
+
+_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+
+
+def plain(tensors: Iterable[Tensor]) -> bool:
+    """True when not compiling and no tensor of ``tensors`` is a ``torch.func`` wrapper."""
+    if torch.compiler.is_compiling() or _is_wrapped is None:
+        return False
+    return not any(map(_is_wrapped, tensors))
+
+
+def plain_tensor(t: Tensor) -> bool:
+    """``plain([t])`` for one tensor that must also be exactly a ``torch.Tensor`` (no
+    subclass such as Parameter): the test of the in-place PRNG path, called per op,
+    so written out (one call) rather than through ``plain``."""
+    if torch.compiler.is_compiling() or _is_wrapped is None:
+        return False
+    return type(t) is Tensor and not _is_wrapped(t)
