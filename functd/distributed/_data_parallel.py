@@ -65,7 +65,7 @@ def _update(updates, state, params=None, *, name: str, op: str, group: Any, buck
         raise TypeError(not_a_td(where, "grads", updates))
     fast = reduce_td(where, updates, op, group, bucket_cap_mb)  # the eager hot path
     if fast is not None:
-        return L.unflatten(updates, fast), state
+        return unflatten_like(updates, fast), state
     leaves, spec = fdtree.flatten(updates)
     dtensors = [i for i, x in enumerate(leaves) if _is_dtensor(x)]
     if not dtensors:  # the common case: one bucketed all-reduce, named errors

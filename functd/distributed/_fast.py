@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._td import TensorDict
-from .._td._tree import _spec
+from .._td._tree import spec_of as _spec
 from . import _group
 from ._collectives import _all_reduce, _issue, _pack, _prepare, _reduce_op, _unpack
 
