@@ -90,14 +90,15 @@ def weighted(outputs, weights):
 
 def torch_sources(m):
     """The torch modules behind an entry (a Module or a Sequential of them), or None when
-    some parameters live only in a functd layer."""
-    if isinstance(m, fd.Sequential):
-        subs = [torch_sources(c) for c in m.modules]
+    some parameters live only in a functd layer, or the entry is of another kind (a
+    probabilistic one, a user-defined one: checked against torch.autograd instead)."""
+    if type(m) is fd.Sequential:
+        subs = [torch_sources(c) for _, c in m.children()]
         return None if any(s is None for s in subs) else dict(zip(m.names, subs))
-    if isinstance(m, fd.Probabilistic):
-        return None  # a distribution head: checked against torch.autograd instead
-    if m._source is not None:
-        return m._source
+    if type(m) is not fd.Module:
+        return None
+    if m.torch_source() is not None:
+        return m.torch_source()
     return None if m.has_params else False  # False: a parameter-free callable
 
 

@@ -40,6 +40,7 @@ from torch import distributions as D
 from .. import _errors as E
 from .._td import Key, TensorDict
 from ._distributions import InteractionType, _deterministic, add_suffix, draw, value
+from ._keys import as_keys
 
 __all__ = ["CompositeDistribution"]
 
@@ -50,8 +51,6 @@ SUM_ENTROPY = "entropy"
 
 def unravel(key: Any, what: str) -> Key:
     """A key as functd stores it: a str, or a flat tuple of str (tensordict's unravel_key)."""
-    from ._module import as_keys
-
     return as_keys([key], what)[0]
 
 

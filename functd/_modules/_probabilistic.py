@@ -5,7 +5,10 @@
 (chosen by the interaction type, see ``InteractionType``) and optionally its
 log-probability under ``<out_key>_log_prob``. ``ProbabilisticSequential`` is a
 ``Sequential`` ending in (or holding several) probabilistic heads, with
-``get_dist`` and ``log_prob``. Both are pure: randomness comes from the call's
+``get_dist`` and ``log_prob``. They are siblings of ``Module`` and ``Sequential``
+(module kinds of their own, ``_call.ModuleKind``); ProbabilisticSequential runs
+Sequential's child loop (both are ``SequenceKind``s), and the interaction type
+travels in the call options, which only these two kinds read. Both are pure: randomness comes from the call's
 ``key`` (a head at position ``i`` of a sequence gets ``fold_in(key, i)``).
 A head over ``fd.CompositeDistribution`` writes one value per component; a
 head's ``num_samples`` makes the call the one-sample call vmapped over split
@@ -35,6 +38,18 @@ from torch import distributions as D
 from .. import _errors as E
 from .._td import Key, TensorDict, _is_dynamo
 from . import _plan
+from ._call import (
+    _NOPE,
+    apply_with_state as _apply_with_state,
+    ModuleKind,
+    Options,
+    bad_td,
+    call_td,
+    get_path,
+    missing_input,
+    options,
+    positional_call,
+)
 from ._composite import CompositeDistribution, many, sample_shape
 from ._distributions import (
     InteractionType,
@@ -44,32 +59,26 @@ from ._distributions import (
     normal_fast,
     value,
 )
-from ._module import (
-    _NOPE,
-    Module,
-    _bad_td,
-    _get_path,
-    _missing_input,
-    _write,
-    call_td,
-    positional_call,
-)
+from ._outputs import _write
 from ._prob_args import _check_key_arg, _freeze, parse_head, write_composite
-from ._sequential import Sequential
+from ._sequential import SequenceKind, Sequential
 
 __all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
 
 
-def _resolve(interaction: Any, m: Any) -> InteractionType | None:
-    """The interaction of a call: the explicit argument, else the context's (or None)."""
-    if interaction is not None:
-        if type(interaction) is InteractionType:
-            return interaction
-        return as_interaction(interaction, m._label())
-    return interaction_type()
+def _explicit(interaction: Any, m: Any) -> InteractionType | None:
+    """The interaction a call names (checked), or None: the context's, else each
+    head's default, is read by the head when it runs."""
+    if interaction is None or type(interaction) is InteractionType:
+        return interaction
+    return as_interaction(interaction, m._label())
 
 
-class Probabilistic(Module):
+def _call_kw(interaction: Any) -> dict | None:
+    return None if interaction is None else {"interaction": interaction}
+
+
+class Probabilistic(ModuleKind):
     """Build a distribution from td entries and write a value from it (no parameters).
 
     Args:
@@ -116,8 +125,11 @@ class Probabilistic(Module):
         "_composite",
         "_dist_kwargs",
         "_dkw",
+        "_fn",
         "_names",
         "_normal",
+        "in_keys",
+        "out_keys",
         "composite_lp_aggregate",
         "default_interaction_type",
         "distribution_class",
@@ -159,14 +171,8 @@ class Probabilistic(Module):
         )
         set_ = object.__setattr__
         set_(self, "_fn", distribution_class)
-        set_(self, "_source", None)
         set_(self, "in_keys", ins)
         set_(self, "out_keys", outs)
-        set_(self, "_kwargs", names)
-        set_(self, "_has_params", False)
-        set_(self, "_random", True)
-        set_(self, "_kind", -1)
-        set_(self, "_plain", None)
         set_(self, "_names", names)
         set_(self, "_composite", composite)
         set_(self, "sample_key", samples[0])
@@ -185,7 +191,6 @@ class Probabilistic(Module):
         )
         set_(self, "n_empirical_estimate", int(n_empirical_estimate))
         set_(self, "num_samples", sample_shape(num_samples, self._label()))
-        set_(self, "_run", self._run_ctx)
         normal = None  # (loc key, scale key) of a plain Normal head: a faster path
         if distribution_class is D.Normal and not dkw and sorted(names) == ["loc", "scale"]:
             by_name = dict(zip(names, ins))
@@ -193,10 +198,43 @@ class Probabilistic(Module):
         set_(self, "_normal", normal)
         self._check_names()
 
+    _FROZEN_HINT = "build a new Probabilistic."
+
     # ---------------------------------------------------------------- value
     @property
     def distribution_kwargs(self) -> dict[str, Any]:
         return dict(self._dist_kwargs)
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The distribution class (or callable) the head builds."""
+        return self._fn
+
+    @property
+    def has_params(self) -> bool:
+        return False
+
+    @property
+    def random(self) -> bool:
+        """True: a call may draw (it needs a ``key`` under ``InteractionType.RANDOM``)."""
+        return True
+
+    @property
+    def stateful(self) -> bool:
+        return False
+
+    @property
+    def out_keys_source(self) -> tuple[Key, ...]:
+        return self.out_keys
+
+    def select_out_keys(self, *keys: Key) -> Any:
+        raise TypeError(
+            f"{self._label()}.select_out_keys: select the outputs of the Sequential that "
+            "holds it instead: fd.ProbabilisticSequential(...).select_out_keys(...)."
+        )
+
+    def __rshift__(self, other: Any) -> Sequential:
+        return Sequential(self, other)
 
     def _identity(self) -> tuple:
         return (
@@ -209,17 +247,6 @@ class Probabilistic(Module):
             self.n_empirical_estimate,
             self.num_samples,
             self.composite_lp_aggregate,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Probabilistic and self._identity() == other._identity()
-
-    def __hash__(self) -> int:
-        return hash(self._identity())
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise E.FrozenError(
-            f"Probabilistic is immutable: cannot set {name!r}; build a new Probabilistic."
         )
 
     def _label(self) -> str:
@@ -262,9 +289,9 @@ class Probabilistic(Module):
     def _dist(self, data: dict) -> D.Distribution:
         kw = dict(self._dist_kwargs)
         for k, name in zip(self.in_keys, self._names):
-            v = data.get(k, _NOPE) if type(k) is str else _get_path(data, k)
+            v = data.get(k, _NOPE) if type(k) is str else get_path(data, k)
             if v is _NOPE:
-                _missing_input(self, k, data)
+                missing_input(self, k, data)
             kw[name] = v
         dist = self._fn(**kw)
         if self._composite and isinstance(dist, CompositeDistribution):
@@ -280,7 +307,7 @@ class Probabilistic(Module):
             KeyError: a distribution parameter is missing from ``td``.
         """
         if not isinstance(td, TensorDict):
-            _bad_td(self, params, td)
+            bad_td(self, params, td)
         return self._dist(td._data)
 
     def log_prob(self, params: TensorDict | None, td: TensorDict) -> Tensor | TensorDict:
@@ -317,28 +344,46 @@ class Probabilistic(Module):
 
         With ``num_samples``: the one-sample call vmapped over
         ``fd.random.split(key, n)`` (every output gets the leading sample dims)."""
+        kw = _call_kw(interaction)
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors, interaction)
-        it = _resolve(interaction, self)
+            return positional_call(self, params, (td, *args), key, tensors, kw)
+        it = _explicit(interaction, self)
         if self.num_samples is None or td is None:  # (a keyword call comes back with a td)
-            return call_td(self, params, td, key, tensors, self._run_i, it)
+            return call_td(self, params, td, key, tensors, self._draw, options(key, it), kw)
         if key is not None:
             _check_key_arg(self._label(), key)
         return many(
-            lambda k: call_td(self, params, td, k, tensors, self._run_i, it), self.num_samples, key
+            lambda k: call_td(self, params, td, k, tensors, self._draw, options(k, it)),
+            self.num_samples,
+            key,
         )
 
-    def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
+    def apply_with_state(
+        self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None, interaction=None
+    ) -> tuple[TensorDict, TensorDict]:
+        """``m(params, td)`` and its new running statistics: always empty for a head."""
+        out = self(params, td, key=key, interaction=interaction)
+        return out, TensorDict({}, [])
+
+    def _step(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> None:
         if self.num_samples is not None:
             raise ValueError(
                 f"{self._label()}: num_samples adds leading sample dims to the whole tensordict, "
                 "which a plain fd.Sequential cannot do; call the head alone or put it in a "
                 "fd.ProbabilisticSequential."
             )
-        self._run_i(params, data, bs, key, interaction_type())
+        self._draw(params, data, bs, opts)
 
-    def _run_i(self, params: Any, data: dict, bs: torch.Size, key: Any, it: Any) -> None:
-        it = self.default_interaction_type if it is None else it
+    def _draw(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> None:
+        """One draw (the step without the ``num_samples`` check): the interaction of
+        ``opts``, else the context's (``fd.set_interaction_type``), else the default."""
+        it = key = None
+        if opts is not None:
+            it, key = opts.interaction, opts.key
+        if it is None:
+            it = interaction_type()
+            if it is None:
+                it = self.default_interaction_type
         rnd = it is InteractionType.RANDOM
         if rnd or (it is InteractionType.MEAN and key is not None):
             if key is None:
@@ -371,8 +416,8 @@ class Probabilistic(Module):
 def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool:
     """The hot path of a plain ``Normal(loc, scale)`` head; False: take the generic path."""
     k_loc, k_scale = m._normal
-    loc = data.get(k_loc) if type(k_loc) is str else _get_path(data, k_loc)
-    scale = data.get(k_scale) if type(k_scale) is str else _get_path(data, k_scale)
+    loc = data.get(k_loc) if type(k_loc) is str else get_path(data, k_loc)
+    scale = data.get(k_scale) if type(k_scale) is str else get_path(data, k_scale)
     out = normal_fast(loc, scale, key, m.return_log_prob)
     if out is None:
         return False
@@ -382,16 +427,11 @@ def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool
     return True
 
 
-def _draws(m: Probabilistic, it: InteractionType | None) -> bool:
-    it = m.default_interaction_type if it is None else it
-    return it is InteractionType.RANDOM or it is InteractionType.MEAN
-
-
 def _is_head(m: Any) -> bool:
     return type(m) is Probabilistic
 
 
-class ProbabilisticSequential(Sequential):
+class ProbabilisticSequential(SequenceKind):
     """A Sequential whose probabilistic heads draw under one interaction type and key.
 
     Modules compute the distribution parameters; each ``Probabilistic`` head writes
@@ -423,11 +463,12 @@ class ProbabilisticSequential(Sequential):
         >>> lp = policy.log_prob(params, out)
     """
 
-    __slots__ = ("_heads", "_ns", "_psteps", "return_composite")
+    __slots__ = ("_heads", "_ns", "return_composite")
+    _FROZEN_HINT = "select_out_keys(...) and indexing return new ProbabilisticSequentials."
 
     def __init__(
         self,
-        *modules: Module | Sequential,
+        *modules: ModuleKind,
         selected_out_keys: Sequence[Key] | None = None,
         return_composite: bool | None = None,
         _names: Sequence[str] | None = None,
@@ -456,48 +497,35 @@ class ProbabilisticSequential(Sequential):
             )
         object.__setattr__(self, "return_composite", bool(return_composite))
         object.__setattr__(self, "_ns", ns[0] if ns else None)
-        psteps = tuple(
-            (n, m, hp, rnd, idx, run, getattr(m, "_run_i", None))
-            for n, m, hp, rnd, idx, run in self._steps
-        )
         object.__setattr__(self, "_heads", heads)
-        object.__setattr__(self, "_psteps", psteps)
-        object.__setattr__(self, "_run", self._run_ctx)
+        if self._ns is not None:
+            object.__setattr__(self, "_run", self._run_whole)
 
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is ProbabilisticSequential
-            and self._identity() == other._identity()
-            and self.return_composite == other.return_composite
+    def _identity(self) -> tuple:
+        return (*super()._identity(), self.return_composite)
+
+    def _child_run(self, m: ModuleKind) -> Any:
+        # a head with num_samples draws once per sample: the call vmaps this loop (many)
+        return m._draw if _is_head(m) and m.num_samples is not None else m._run
+
+    def _rebuild(self, modules: Any, selected: Any, names: Any) -> SequenceKind:
+        return ProbabilisticSequential(
+            *modules,
+            selected_out_keys=selected,
+            return_composite=self.return_composite,
+            _names=names,
         )
-
-    def __hash__(self) -> int:
-        return hash(("prob", self._identity()))
 
     def __repr__(self) -> str:
         return "Probabilistic" + super().__repr__()
 
-    def _label(self) -> str:
-        return (
-            f"ProbabilisticSequential({len(self.modules)} modules -> {E.fmt_keys(self.out_keys)})"
-        )
-
-    def __getitem__(self, index: int | slice) -> Sequential:
+    def __getitem__(self, index: int | slice) -> SequenceKind:
         mods = self.modules[index] if isinstance(index, slice) else (self.modules[index],)
         names = self.names[index] if isinstance(index, slice) else (self.names[index],)
         if not any(_is_head(m) for m in mods):
             return Sequential(*mods, _names=names)._takes_params_of(self)
         rc = True if self.return_composite else None  # (as tensordict's slices)
         new = ProbabilisticSequential(*mods, return_composite=rc, _names=names)
-        return new._takes_params_of(self)
-
-    def select_out_keys(self, *keys: Key) -> ProbabilisticSequential:
-        new = ProbabilisticSequential(
-            *self.modules,
-            selected_out_keys=keys,
-            return_composite=self.return_composite,
-            _names=self.names,
-        )
         return new._takes_params_of(self)
 
     @property
@@ -518,56 +546,61 @@ class ProbabilisticSequential(Sequential):
     ):
         """``policy(params, td, key=None, interaction=None)`` -> new td (with a head's
         ``num_samples``: vmapped over ``fd.random.split(key, n)``)."""
+        kw = _call_kw(interaction)
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors, interaction)
-        it = _resolve(interaction, self)
+            return positional_call(self, params, (td, *args), key, tensors, kw)
+        it = _explicit(interaction, self)
         if self._ns is not None and td is not None:
             if key is not None:
                 _check_key_arg(self._label(), key)
             return many(
-                lambda k: call_td(self, params, td, k, tensors, self._run_i, it), self._ns, key
+                lambda k: call_td(self, params, td, k, tensors, self._loop, options(k, it)),
+                self._ns,
+                key,
             )
+        opts = options(key, it)
         if type(td) is TensorDict and not tensors and not _is_dynamo():
-            out = _plan.run(self, params, td, key, it)
+            out = _plan.run(self, params, td, opts)
             if out is not None:
                 return out
-        return call_td(self, params, td, key, tensors, self._run_i, it)
+        return call_td(self, params, td, key, tensors, self._loop, opts, kw)
 
-    def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
+    def _call_options(self, key: Any, interaction: Any) -> Options | None:
+        return options(key, _explicit(interaction, self))
+
+    def apply_with_state(
+        self,
+        params: TensorDict | None,
+        td: TensorDict,
+        /,
+        *,
+        key: Any = None,
+        interaction: InteractionType | str | None = None,
+    ) -> tuple[TensorDict, TensorDict]:
+        """``policy(params, td, key=..., interaction=...)`` that also returns the new
+        running statistics of its stateful modules (BatchNorm before the head in
+        training mode), nested by position like ``params``; see ``Sequential``."""
         if self._ns is not None:
             raise ValueError(
-                f"{self._label()}: a head's num_samples adds leading sample dims to the whole "
-                "tensordict; call the ProbabilisticSequential itself, not through an outer "
-                "module."
+                f"{self._label()}.apply_with_state: a head's num_samples vmaps the call over "
+                "keys; switch the model to eval mode (fd.nn.eval_mode) or drop num_samples."
             )
-        self._run_i(params, data, bs, key, interaction_type())
+        return _apply_with_state(
+            self, params, td, Options(key, _explicit(interaction, self), True)
+        )
 
-    def _run_i(self, params, data, bs, key, it, stop: int | None = None, dists=None) -> None:
-        """Run the modules on the working dict; ``stop``: before that position, and
-        ``dists``: collect each head's distribution (a head keeps a value already there)."""
-        pdata = params._data if type(params) is TensorDict else None
-        fold_in = None
-        for i, (name, m, has_p, rnd, idx, run, run_i) in enumerate(self._psteps):
-            if i == stop:
-                return
-            p = self._child_params(params, pdata, name, m) if has_p else None
-            k = key
-            if run_i is not None and type(m) is Probabilistic and not _draws(m, it):
-                k = None  # a head that will not draw: no key to derive
-            elif rnd and key is not None:
-                if fold_in is None:
-                    from ..random import fold_in
-                k = fold_in(key, idx)
-            if dists is not None and _is_head(m):
-                dists[i] = (m, m._dist(data), k)
-                if _has_samples(m, data) or i == stop - 1:
-                    continue
-            if run_i is not None:
-                run_i(p, data, bs, k, it)
-            else:
-                run(p, data, bs, k)
-        if stop is None and dists is None:
-            self._drop_unselected(data)
+    @property
+    def _loop(self) -> Any:
+        """The step of one sample: Sequential's child loop."""
+        return self._stateful_step if self._stateful else self._step
+
+    def _run_whole(self, params: Any, data: dict, bs: torch.Size, opts: Any) -> None:
+        """The step of a ProbabilisticSequential with ``num_samples`` inside another module."""
+        raise ValueError(
+            f"{self._label()}: a head's num_samples adds leading sample dims to the whole "
+            "tensordict; call the ProbabilisticSequential itself, not through an outer "
+            "module."
+        )
 
     def get_dist(
         self,
@@ -586,15 +619,24 @@ class ProbabilisticSequential(Sequential):
         Raises:
             KeyError, TypeError: as a call does (missing entries, bad params).
         """
-        it = _resolve(interaction, self)
+        opts = Options(key, _explicit(interaction, self), True)
         if not isinstance(td, TensorDict):
-            _bad_td(self, params, td)
+            bad_td(self, params, td)
         data, bs = dict(td._data), td._batch_size
         if not self.return_composite and len(self._heads) == 1:
-            self._run_i(params, data, bs, key, it, stop=self._heads[0])
+            self._each_child(params, data, bs, opts, stop=self._heads[0])
             return self.modules[self._heads[0]]._dist(data)
         dists: dict = {}
-        self._run_i(params, data, bs, key, it, stop=self._heads[-1] + 1, dists=dists)
+        stop = self._heads[-1] + 1
+
+        def visit(i: int, m: Any, data: dict, o: Any) -> bool:
+            """Collect each head's distribution; a head keeps a value already there."""
+            if not _is_head(m):
+                return False
+            dists[i] = (m, m._dist(data), o)
+            return _has_samples(m, data) or i == stop - 1
+
+        self._each_child(params, data, bs, opts, stop=stop, visit=visit)
         if not self.return_composite:
             return list(dists.values())[-1][1]  # (the last head's)
         merged, lp_keys = {}, {}
@@ -637,7 +679,7 @@ class ProbabilisticSequential(Sequential):
 
 def _has_samples(head: Probabilistic, data: dict) -> bool:
     for k in head.sample_keys:
-        v = data.get(k, _NOPE) if type(k) is str else _get_path(data, k)
+        v = data.get(k, _NOPE) if type(k) is str else get_path(data, k)
         if v is _NOPE:
             return False
     return True
