@@ -77,7 +77,9 @@ class Options:
         return Options(key, self.interaction, self.collect)
 
     def __repr__(self) -> str:
-        return f"Options(key={self.key!r}, interaction={self.interaction!r}, collect={self.collect})"
+        return (
+            f"Options(key={self.key!r}, interaction={self.interaction!r}, collect={self.collect})"
+        )
 
 
 def options(key: Any = None, interaction: Any = None, collect: bool = False) -> Options | None:

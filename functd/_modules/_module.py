@@ -454,10 +454,7 @@ def _make_run(m: Module):
                 bad_params(m, params)
             if params._checked is not fn:  # DTensor params: plain inputs replicated
                 (x,) = _placed_inputs(m, params, (x,))
-            if rnd:
-                out = fn(params, x, key=None if opts is None else opts.key)
-            else:
-                out = fn(params, x)
+            out = fn(params, x, key=None if opts is None else opts.key) if rnd else fn(params, x)
             if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
                 return _write_outputs(m, data, bs, out)
             data[o0] = out

@@ -40,7 +40,6 @@ from .._td import Key, TensorDict, _is_dynamo
 from . import _plan
 from ._call import (
     _NOPE,
-    apply_with_state as _apply_with_state,
     ModuleKind,
     Options,
     bad_td,
@@ -49,6 +48,9 @@ from ._call import (
     missing_input,
     options,
     positional_call,
+)
+from ._call import (
+    apply_with_state as _apply_with_state,
 )
 from ._composite import CompositeDistribution, many, sample_shape
 from ._distributions import (
@@ -128,15 +130,15 @@ class Probabilistic(ModuleKind):
         "_fn",
         "_names",
         "_normal",
-        "in_keys",
-        "out_keys",
         "composite_lp_aggregate",
         "default_interaction_type",
         "distribution_class",
+        "in_keys",
         "log_prob_key",
         "log_prob_keys",
         "n_empirical_estimate",
         "num_samples",
+        "out_keys",
         "return_log_prob",
         "sample_key",
         "sample_keys",
@@ -585,9 +587,7 @@ class ProbabilisticSequential(SequenceKind):
                 f"{self._label()}.apply_with_state: a head's num_samples vmaps the call over "
                 "keys; switch the model to eval mode (fd.nn.eval_mode) or drop num_samples."
             )
-        return _apply_with_state(
-            self, params, td, Options(key, _explicit(interaction, self), True)
-        )
+        return _apply_with_state(self, params, td, Options(key, _explicit(interaction, self), True))
 
     @property
     def _loop(self) -> Any:

@@ -132,7 +132,9 @@ class SequenceKind(ModuleKind):
         set_(
             self,
             "_plain",
-            tuple((n if m.has_params else None, r, d) for n, m, r, d in zip(names, flat, runs, early)),
+            tuple(
+                (n if m.has_params else None, r, d) for n, m, r, d in zip(names, flat, runs, early)
+            ),
         )
         set_(self, "_stateful", any(m.stateful for m in flat))
         set_(self, "_plans", {})  # layout -> straight-line plan (_plan.py), bounded

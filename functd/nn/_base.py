@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from .. import random as fr
-from ..random import as_key as as_key  # (defined with the PRNG; re-exported here)
 from .._td import TensorDict
+from ..random import as_key as as_key  # (defined with the PRNG; re-exported here)
 
 __all__ = [
     "Layer",
