@@ -46,6 +46,7 @@ import torch
 
 from .. import _errors as E
 from .._td import Key, TensorDict, _new
+from ._keys import key_diff
 
 __all__ = ["ModuleKind", "Options", "call_td", "positional_call"]
 
@@ -210,7 +211,11 @@ class ModuleKind(Frozen):
         key: Any = None,
         **tensors: torch.Tensor,
     ):
-        """``m(params, td)`` -> new td; ``m(params, x=x)`` or ``m(params, x)`` -> tensors."""
+        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``.
+
+        ``m(params, x, h)``: tensors in ``in_keys`` order (tensordict's positional
+        dispatch, after the params), the rest by keyword; returns the out tensors.
+        """
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
             return positional_call(self, params, (td, *args), key, tensors)
         return call_td(self, params, td, key, tensors, self._run, options(key))
@@ -218,8 +223,20 @@ class ModuleKind(Frozen):
     def apply_with_state(
         self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
     ) -> tuple[TensorDict, TensorDict]:
-        """``m(params, td)`` that also returns the new running statistics:
-        ``(out, new_state)``; apply them with ``fd.nn.update_state(params, new_state)``."""
+        """``m(params, td)`` that also returns the new running statistics.
+
+        Returns:
+            ``(out, new_state)``: ``new_state`` holds the new statistics of the
+            stateful layers (BatchNorm in training mode), laid out like their
+            entries in ``params`` (empty when there are none). Apply them with
+            ``fd.nn.update_state(params, new_state)``. Nothing is written.
+
+        Example:
+            >>> bn = fd.Module(nn.BatchNorm1d(3), in_keys=["x"], out_keys=["y"])
+            >>> params = fd.from_module(bn)
+            >>> out, new_state = bn.apply_with_state(params, td)
+            >>> params = fd.nn.update_state(params, new_state)
+        """
         return apply_with_state(self, params, td, Options(key, None, True))
 
 
@@ -273,8 +290,7 @@ def keyword_call(m: Any, params: Any, key: Any, tensors: dict, call_kw: dict | N
             f"got no data.{hint}"
         )
     names = {_kwarg_name(k): k for k in m.in_keys}
-    unknown = [n for n in tensors if n not in names]
-    missing = [n for n in names if n not in tensors]
+    missing, unknown = key_diff(names, tensors)
     if unknown or missing:
         raise TypeError(
             f"{m._label()}: keyword call got unknown name(s) {unknown or '(none)'} and lacks "

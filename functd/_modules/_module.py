@@ -32,10 +32,8 @@ from ._call import (
     Options,
     _empty_params,
     bad_params,
-    call_td,
     get_path,
     missing_input,
-    options,
     positional_call,
 )
 from ._keys import as_keys
@@ -330,43 +328,7 @@ class Module(ModuleKind):
         return self._fn.init(key, dtype=dtype, device=device)
 
     # ---------------------------------------------------------------- call
-    def __call__(
-        self,
-        params: TensorDict | None = None,
-        td: TensorDict | torch.Tensor | None = None,
-        /,
-        *args: torch.Tensor,
-        key: Any = None,
-        **tensors: torch.Tensor,
-    ):
-        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``.
-
-        ``m(params, x, h)``: tensors in ``in_keys`` order (tensordict's positional
-        dispatch, after the params), the rest by keyword; returns the out tensors.
-        """
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors)
-        return call_td(self, params, td, key, tensors, self._run, options(key))
-
-    def apply_with_state(
-        self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
-    ) -> tuple[TensorDict, TensorDict]:
-        """``m(params, td)`` that also returns the new running statistics.
-
-        Returns:
-            ``(out, new_state)``: ``new_state`` holds the new statistics of the
-            stateful layers (BatchNorm in training mode), laid out like their
-            entries in ``params`` (empty when there are none). Apply them with
-            ``fd.nn.update_state(params, new_state)``. Nothing is written.
-
-        Example:
-            >>> bn = fd.Module(nn.BatchNorm1d(3), in_keys=["x"], out_keys=["y"])
-            >>> params = fd.from_module(bn)
-            >>> out, new_state = bn.apply_with_state(params, td)
-            >>> params = fd.nn.update_state(params, new_state)
-        """
-        return super().apply_with_state(params, td, key=key)
-
+    # __call__ and apply_with_state: ModuleKind's (functd/_modules/_call.py)
     def _step(
         self, params: TensorDict | None, data: dict, bs: torch.Size, opts: Options | None
     ) -> TensorDict | None:

@@ -80,7 +80,74 @@ def _call_kw(interaction: Any) -> dict | None:
     return None if interaction is None else {"interaction": interaction}
 
 
-class Probabilistic(ModuleKind):
+class _Drawing:
+    """The call both probabilistic kinds share: ``m(params, td, key=None,
+    interaction=None)``. The interaction travels in the call options (only these
+    kinds read it); ``_sample_dims`` (a head's ``num_samples``) makes the call the
+    one-sample call ``_one`` vmapped over ``fd.random.split(key, n)``."""
+
+    __slots__ = ()
+
+    def __call__(
+        self,
+        params: TensorDict | None = None,
+        td: TensorDict | Tensor | None = None,
+        /,
+        *args: Tensor,
+        key: Any = None,
+        interaction: InteractionType | str | None = None,
+        **tensors: Tensor,
+    ):
+        """``m(params, td, key=None, interaction=None)`` -> new td with the value(s)
+        (and log-probs); with ``num_samples``: every output gets the sample dims."""
+        kw = _call_kw(interaction)
+        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
+            return positional_call(self, params, (td, *args), key, tensors, kw)
+        it = _explicit(interaction, self)
+        ns = self._sample_dims
+        if ns is not None and td is not None:  # (a keyword call comes back with a td)
+            if key is not None:
+                _check_key_arg(self._label(), key)
+            return many(
+                lambda k: call_td(self, params, td, k, tensors, self._one, options(k, it)), ns, key
+            )
+        opts = options(key, it)
+        if type(td) is TensorDict and not tensors and not _is_dynamo():
+            out = self._planned(params, td, opts)
+            if out is not None:
+                return out
+        return call_td(self, params, td, key, tensors, self._one, opts, kw)
+
+    def _planned(self, params: Any, td: TensorDict, opts: Any) -> Any:
+        """The output of a faster path (a plan), or None."""
+        return None
+
+    def apply_with_state(
+        self,
+        params: TensorDict | None,
+        td: TensorDict,
+        /,
+        *,
+        key: Any = None,
+        interaction: InteractionType | str | None = None,
+    ) -> tuple[TensorDict, TensorDict]:
+        """``m(params, td, key=..., interaction=...)`` that also returns the new running
+        statistics of its stateful modules (BatchNorm before the head in training
+        mode), nested by position like ``params`` (empty for a head alone); see
+        ``fd.Sequential.apply_with_state``.
+
+        Raises:
+            ValueError: with ``num_samples`` (the call is vmapped over keys).
+        """
+        if self._sample_dims is not None:
+            raise ValueError(
+                f"{self._label()}.apply_with_state: num_samples vmaps the call over keys; "
+                "switch the model to eval mode (fd.nn.eval_mode) or drop num_samples."
+            )
+        return _apply_with_state(self, params, td, Options(key, _explicit(interaction, self), True))
+
+
+class Probabilistic(_Drawing, ModuleKind):
     """Build a distribution from td entries and write a value from it (no parameters).
 
     Args:
@@ -332,40 +399,14 @@ class Probabilistic(ModuleKind):
         return dist.log_prob(x)
 
     # ---------------------------------------------------------------- call
-    def __call__(
-        self,
-        params: TensorDict | None = None,
-        td: TensorDict | Tensor | None = None,
-        /,
-        *args: Tensor,
-        key: Any = None,
-        interaction: InteractionType | str | None = None,
-        **tensors: Tensor,
-    ):
-        """``m(params, td, key=None, interaction=None)`` -> new td with the value (and log-prob).
+    # __call__: _Drawing's
+    @property
+    def _sample_dims(self) -> tuple[int, ...] | None:
+        return self.num_samples
 
-        With ``num_samples``: the one-sample call vmapped over
-        ``fd.random.split(key, n)`` (every output gets the leading sample dims)."""
-        kw = _call_kw(interaction)
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors, kw)
-        it = _explicit(interaction, self)
-        if self.num_samples is None or td is None:  # (a keyword call comes back with a td)
-            return call_td(self, params, td, key, tensors, self._draw, options(key, it), kw)
-        if key is not None:
-            _check_key_arg(self._label(), key)
-        return many(
-            lambda k: call_td(self, params, td, k, tensors, self._draw, options(k, it)),
-            self.num_samples,
-            key,
-        )
-
-    def apply_with_state(
-        self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None, interaction=None
-    ) -> tuple[TensorDict, TensorDict]:
-        """``m(params, td)`` and its new running statistics: always empty for a head."""
-        out = self(params, td, key=key, interaction=interaction)
-        return out, TensorDict({}, [])
+    @property
+    def _one(self) -> Any:
+        return self._draw
 
     def _step(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> None:
         if self.num_samples is not None:
@@ -433,7 +474,7 @@ def _is_head(m: Any) -> bool:
     return type(m) is Probabilistic
 
 
-class ProbabilisticSequential(SequenceKind):
+class ProbabilisticSequential(_Drawing, SequenceKind):
     """A Sequential whose probabilistic heads draw under one interaction type and key.
 
     Modules compute the distribution parameters; each ``Probabilistic`` head writes
@@ -465,7 +506,7 @@ class ProbabilisticSequential(SequenceKind):
         >>> lp = policy.log_prob(params, out)
     """
 
-    __slots__ = ("_heads", "_ns", "return_composite")
+    __slots__ = ("_heads", "_sample_dims", "return_composite")
     _FROZEN_HINT = "select_out_keys(...) and indexing return new ProbabilisticSequentials."
 
     def __init__(
@@ -498,9 +539,9 @@ class ProbabilisticSequential(SequenceKind):
                 "call is the one-sample call vmapped over split keys)."
             )
         object.__setattr__(self, "return_composite", bool(return_composite))
-        object.__setattr__(self, "_ns", ns[0] if ns else None)
+        object.__setattr__(self, "_sample_dims", ns[0] if ns else None)
         object.__setattr__(self, "_heads", heads)
-        if self._ns is not None:
+        if self._sample_dims is not None:
             object.__setattr__(self, "_run", self._run_whole)
 
     def _identity(self) -> tuple:
@@ -536,61 +577,15 @@ class ProbabilisticSequential(SequenceKind):
         return self.modules[self._heads[-1]].default_interaction_type
 
     # ---------------------------------------------------------------- call
-    def __call__(
-        self,
-        params: TensorDict | None = None,
-        td: TensorDict | Tensor | None = None,
-        /,
-        *args: Tensor,
-        key: Any = None,
-        interaction: InteractionType | str | None = None,
-        **tensors: Tensor,
-    ):
-        """``policy(params, td, key=None, interaction=None)`` -> new td (with a head's
-        ``num_samples``: vmapped over ``fd.random.split(key, n)``)."""
-        kw = _call_kw(interaction)
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors, kw)
-        it = _explicit(interaction, self)
-        if self._ns is not None and td is not None:
-            if key is not None:
-                _check_key_arg(self._label(), key)
-            return many(
-                lambda k: call_td(self, params, td, k, tensors, self._loop, options(k, it)),
-                self._ns,
-                key,
-            )
-        opts = options(key, it)
-        if type(td) is TensorDict and not tensors and not _is_dynamo():
-            out = _plan.run(self, params, td, opts)
-            if out is not None:
-                return out
-        return call_td(self, params, td, key, tensors, self._loop, opts, kw)
+    # __call__: _Drawing's
+    def _planned(self, params: Any, td: TensorDict, opts: Options | None) -> Any:
+        return _plan.run(self, params, td, opts)
 
     def _call_options(self, key: Any, interaction: Any) -> Options | None:
         return options(key, _explicit(interaction, self))
 
-    def apply_with_state(
-        self,
-        params: TensorDict | None,
-        td: TensorDict,
-        /,
-        *,
-        key: Any = None,
-        interaction: InteractionType | str | None = None,
-    ) -> tuple[TensorDict, TensorDict]:
-        """``policy(params, td, key=..., interaction=...)`` that also returns the new
-        running statistics of its stateful modules (BatchNorm before the head in
-        training mode), nested by position like ``params``; see ``Sequential``."""
-        if self._ns is not None:
-            raise ValueError(
-                f"{self._label()}.apply_with_state: a head's num_samples vmaps the call over "
-                "keys; switch the model to eval mode (fd.nn.eval_mode) or drop num_samples."
-            )
-        return _apply_with_state(self, params, td, Options(key, _explicit(interaction, self), True))
-
     @property
-    def _loop(self) -> Any:
+    def _one(self) -> Any:
         """The step of one sample: Sequential's child loop."""
         return self._stateful_step if self._stateful else self._step
 
