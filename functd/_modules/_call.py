@@ -218,7 +218,8 @@ class ModuleKind(Frozen):
         """
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
             return positional_call(self, params, (td, *args), key, tensors)
-        return call_td(self, params, td, key, tensors, self._run, options(key))
+        opts = None if key is None else Options(key)
+        return call_td(self, params, td, key, tensors, self._run, opts)
 
     def apply_with_state(
         self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None

@@ -243,7 +243,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     if seq._random:
         ns["fold_in"] = fold_in
         emit("    key = None if opts is None else opts.key")
-    for i, (name, m, hp, rnd, idx, _) in enumerate(steps):
+    for i, (name, m, hp, rnd, idx, run) in enumerate(steps):
         ns[f"M{i}"] = m
         p = f"p_{name}" if hp else "None"
         if m._inline():
@@ -309,7 +309,8 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
             working_dict("d")
             d = "d"
             o = f"opts if key is None else opts.with_key(fold_in(key, {idx}))" if rnd else "opts"
-            emit(f"    M{i}._run({p}, {d}, bs, {o})")
+            ns[f"R{i}"] = run  # the step the loop runs for this child
+            emit(f"    R{i}({p}, {d}, bs, {o})")
             emit(f"    base = {d}")
             base_is_data = False
             for o in getattr(m, "_drop", ()):  # what a Sequential child removes

@@ -27,7 +27,6 @@ from torch import distributions as D
 
 from .. import _errors as E
 from .._td import Key, TensorDict
-from . import _plan
 from ._call import _NOPE, ModuleKind, Options, bad_td, get_path, options
 from ._composite import CompositeDistribution
 from ._distributions import InteractionType
@@ -141,8 +140,7 @@ class ProbabilisticSequential(_Drawing, SequenceKind):
 
     # ---------------------------------------------------------------- call
     # __call__: _Drawing's
-    def _planned(self, params: Any, td: TensorDict, opts: Options | None) -> Any:
-        return _plan.run(self, params, td, opts)
+    _PLANNED = True
 
     def _call_options(self, key: Any, interaction: Any) -> Options | None:
         return options(key, _explicit(interaction, self))

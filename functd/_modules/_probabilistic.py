@@ -35,6 +35,7 @@ from torch import distributions as D
 
 from .. import _errors as E
 from .._td import Key, TensorDict, _is_dynamo
+from . import _plan
 from ._call import (
     _NOPE,
     ModuleKind,
@@ -97,10 +98,11 @@ class _Drawing:
     ):
         """``m(params, td, key=None, interaction=None)`` -> new td with the value(s)
         (and log-probs); with ``num_samples``: every output gets the sample dims."""
-        kw = _call_kw(interaction)
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors, kw)
-        it = _explicit(interaction, self)
+            return positional_call(self, params, (td, *args), key, tensors, _call_kw(interaction))
+        it = interaction
+        if it is not None and type(it) is not InteractionType:
+            it = as_interaction(it, self._label())
         ns = self._sample_dims
         if ns is not None and td is not None:  # (a keyword call comes back with a td)
             if key is not None:
@@ -108,16 +110,15 @@ class _Drawing:
             return many(
                 lambda k: call_td(self, params, td, k, tensors, self._one, options(k, it)), ns, key
             )
-        opts = options(key, it)
-        if type(td) is TensorDict and not tensors and not _is_dynamo():
-            out = self._planned(params, td, opts)
+        opts = None if key is None and it is None else Options(key, it)
+        if self._PLANNED and type(td) is TensorDict and not tensors and not _is_dynamo():
+            out = _plan.run(self, params, td, opts)
             if out is not None:
                 return out
-        return call_td(self, params, td, key, tensors, self._one, opts, kw)
+        return call_td(self, params, td, key, tensors, self._one, opts, _call_kw(interaction))
 
-    def _planned(self, params: Any, td: TensorDict, opts: Any) -> Any:
-        """The output of a faster path (a plan), or None."""
-        return None
+    #: whether the call runs the kind's straight-line plan (``_plan.py``) first
+    _PLANNED = False
 
     def apply_with_state(
         self,
@@ -194,6 +195,7 @@ class Probabilistic(_Drawing, ModuleKind):
         "_fn",
         "_names",
         "_normal",
+        "_run",
         "composite_lp_aggregate",
         "default_interaction_type",
         "distribution_class",
@@ -257,6 +259,8 @@ class Probabilistic(_Drawing, ModuleKind):
         )
         set_(self, "n_empirical_estimate", int(n_empirical_estimate))
         set_(self, "num_samples", sample_shape(num_samples, self._label()))
+        # the step a sequence runs: one draw, or (num_samples) the error of _step
+        set_(self, "_run", self._draw if self.num_samples is None else self._step)
         normal = None  # (loc key, scale key) of a plain Normal head: a faster path
         if distribution_class is D.Normal and not dkw and sorted(names) == ["loc", "scale"]:
             by_name = dict(zip(names, ins))
