@@ -216,3 +216,19 @@ def test_probabilistic_sequential_with_batchnorm_under_vmap_equals_loop():
         fd.to_module(p, ref)
         ref(td["x"])
         assert_close(state[i]["1", "running_mean"], ref[1].running_mean)
+
+
+def test_probabilistic_kinds_are_siblings_of_module_and_sequential():
+    head = fd.Probabilistic(["loc", "scale"], ["action"], torch.distributions.Normal)
+    policy = _policy(_policy_torch())
+    assert not isinstance(head, fd.Module) and isinstance(head, ModuleKind)
+    assert not isinstance(policy, fd.Sequential) and isinstance(policy, ModuleKind)
+    assert fd.nn.eval_mode(head) is head and fd.nn.buffer_paths(head) == ()
+    with pytest.raises(TypeError, match=r"Probabilistic\(Normal -> 'action'\)\.select_out_keys"):
+        head.select_out_keys("action")
+    # a ProbabilisticSequential without a selection splices into a Sequential, as before
+    seq = fd.Sequential(fd.Module(torch.neg, ["x"], ["x"]), policy)
+    assert type(seq) is fd.Sequential and len(seq) == 1 + len(policy)
+    assert seq.modules[1:] == policy.modules
+    chained = fd.Module(torch.tanh, ["h"], ["h"]) >> head
+    assert type(chained) is fd.Sequential and chained.modules[1] is head

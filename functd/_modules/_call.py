@@ -46,6 +46,7 @@ import torch
 
 from .. import _errors as E
 from .._td import Key, TensorDict, _new
+from ..random import as_key, fold_in
 from ._keys import key_diff
 
 __all__ = ["ModuleKind", "Options", "call_td", "positional_call"]
@@ -183,8 +184,6 @@ class ModuleKind(Frozen):
     def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
         """Fresh parameters nested by child name; child ``name`` gets
         ``fold_in(key, i)`` (``i = int(name)`` for a position, else its index)."""
-        from ..random import as_key, fold_in
-
         key = as_key(key)
         data = {}
         for i, (name, c) in enumerate(self.children()):

@@ -236,11 +236,6 @@ class Module(ModuleKind):
             >>> m.select_out_keys("d").out_keys
             ('d',)
         """
-        if type(self) is not Module:
-            raise TypeError(
-                f"{self._label()}.select_out_keys: select the outputs of the Sequential that "
-                "holds it instead: fd.ProbabilisticSequential(...).select_out_keys(...)."
-            )
         if len(keys) == 1 and isinstance(keys[0], list):
             raise KeyError(
                 f"{self._label()}.select_out_keys takes keys, not a list: pass them "

@@ -148,8 +148,6 @@ def placed_inputs(m: Any, params: TensorDict, args: Any) -> Any:
     with every plain tensor replicated on their mesh; else ``args`` unchanged."""
     mark = params._checked
     if type(mark) is not Placed or mark.fn is not m._fn:
-        from .._modules._params_check import _check_params
-
         _check_params(m, params)
         mark = params._checked
         if mark is m._fn:
