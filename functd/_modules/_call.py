@@ -31,10 +31,13 @@ Example:
     ...     def _identity(self): return (self.inner,)
     ...     def children(self): return (("inner", self.inner),)
     ...     def with_children(self, new): return Twice(*new)
-    ...     def _step(self, params, data, bs, opts):
-    ...         p = None if params is None else params.get("inner", None)
-    ...         self.inner._step(p, data, bs, opts)
-    ...         return self.inner._step(p, data, bs, opts)
+    ...     def _step(self, params, data, bs, opts):  # the child's step, twice
+    ...         p = params["inner"] if self.inner.has_params else None
+    ...         self.inner._run(p, data, bs, opts)
+    ...         return self.inner._run(p, data, bs, opts)
+    >>> twice = Twice(fd.Module(lambda x: x + 1, ["x"], ["x"]))
+    >>> twice(None, x=torch.zeros(2))
+    tensor([2., 2.])
 """
 
 from __future__ import annotations
