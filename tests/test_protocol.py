@@ -232,3 +232,27 @@ def test_probabilistic_kinds_are_siblings_of_module_and_sequential():
     assert seq.modules[1:] == policy.modules
     chained = fd.Module(torch.tanh, ["h"], ["h"]) >> head
     assert type(chained) is fd.Sequential and chained.modules[1] is head
+
+
+def test_the_interaction_option_reaches_a_nested_sequence():
+    inner = fd.ProbabilisticSequential(
+        fd.Module(torch.neg, ["loc"], ["m"]),
+        fd.Probabilistic({"m": "loc", "scale": "scale"}, ["a"], torch.distributions.Normal),
+        selected_out_keys=["a"],
+    )
+    outer = fd.ProbabilisticSequential(
+        fd.Module(torch.tanh, ["loc"], ["loc"]),
+        inner,
+        fd.Probabilistic(["loc", "scale"], ["b"], torch.distributions.Normal),
+    )
+    assert outer.modules[1] is inner  # kept whole: its own child loop
+    td = fd.TensorDict({"loc": torch.zeros(4), "scale": torch.ones(4)}, [4])
+    det = outer(None, td)
+    assert torch.equal(det["a"], torch.zeros(4)) and torch.equal(det["b"], torch.zeros(4))
+    key = fd.random.key(3)
+    out = outer(None, td, key=key, interaction="random")
+    # the nested head draws with the outer call's interaction and its own key stream
+    assert not torch.equal(out["a"], det["a"]) and not torch.equal(out["b"], det["b"])
+    ref = inner(None, td.set("loc", torch.tanh(td["loc"])), key=fd.random.fold_in(key, 1),
+                interaction="random")  # fmt: skip
+    assert torch.equal(out["a"], ref["a"])
