@@ -265,7 +265,7 @@ def call(module, params, td, key=None):
     """Call an entry's module the way its kind needs: with ``key`` when it is random,
     through ``apply_with_state`` (returning ``(td, new_state)``) when it is stateful."""
     key = key if module.random else None
-    if getattr(module, "stateful", False):
+    if module.stateful:  # every module kind answers (the calling protocol)
         return module.apply_with_state(params, td, key=key)
     return module(params, td, key=key) if key is not None else module(params, td)
 

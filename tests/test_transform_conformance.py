@@ -104,8 +104,8 @@ def torch_sources(m):
 
 def nn_forward(m, sources, data):
     """Run the entry's computation with the torch modules themselves (no functd)."""
-    if isinstance(m, fd.Sequential):
-        for name, child in zip(m.names, m.modules):
+    if m.children():  # a Sequential (torch_sources accepts no other kind with children)
+        for name, child in m.children():
             nn_forward(child, sources[name], data)
         return
     fn = sources if sources is not False else m.fn
@@ -115,10 +115,8 @@ def nn_forward(m, sources, data):
 
 
 def nn_grads(m, sources):
-    if isinstance(m, fd.Sequential):
-        return fd.TensorDict(
-            {n: nn_grads(c, sources[n]) for n, c in zip(m.names, m.modules) if c.has_params}
-        )
+    if m.children():
+        return fd.TensorDict({n: nn_grads(c, sources[n]) for n, c in m.children() if c.has_params})
     return fd.TensorDict(
         {k: t.grad for k, t in sources.state_dict(keep_vars=True).items() if t.grad is not None}
     )
@@ -190,8 +188,8 @@ def test_entries_made_of_torch_modules_are_checked_against_them():
 def _load(m, sources, params):
     """Load float64 params into the copied torch modules (and make buffers other than
     running statistics require grad, since functd differentiates them like any entry)."""
-    if isinstance(m, fd.Sequential):
-        for n, c in zip(m.names, m.modules):
+    if m.children():
+        for n, c in m.children():
             if c.has_params:
                 _load(c, sources[n], params[n])
         return
