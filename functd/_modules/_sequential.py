@@ -44,9 +44,9 @@ def _flatten(modules: Sequence[Any]) -> list[ModuleKind]:
             flat.append(m)
         else:
             raise TypeError(
-                f"Sequential: argument {i} is a {type(m).__name__}; Sequential chains fd.Module "
-                "and fd.Sequential. Wrap functions and torch modules with "
-                "fd.Module(fn, in_keys=[...], out_keys=[...])."
+                f"Sequential: argument {i} is a {type(m).__name__}; Sequential chains modules "
+                "(fd.Module, fd.Sequential, fd.Probabilistic, ...). Wrap functions and torch "
+                "modules with fd.Module(fn, in_keys=[...], out_keys=[...])."
             )
     return flat
 
