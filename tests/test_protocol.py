@@ -178,6 +178,11 @@ def test_probabilistic_sequential_with_batchnorm_trains_and_evaluates_like_torch
         lp = torch.distributions.Normal(loc, scale).log_prob(out["action"])
         assert_close(out["action_log_prob"], lp)
         assert not torch.equal(out["action"], loc)  # drawn
+        # get_dist / log_prob in training mode: batch statistics, new ones dropped
+        dist = policy.get_dist(params, fd.TensorDict({"x": x}, [8]))
+        assert_close(dist.loc, loc)
+        lp2 = policy.log_prob(params, out)
+        assert_close(lp2, lp)
         params = fd.nn.update_state(params, new_state)
     assert_close(params["1", "running_mean"], ref[1].running_mean)
     assert_close(params["1", "running_var"], ref[1].running_var)
