@@ -17,9 +17,9 @@ from ._modules._distributions import set_interaction_type as set_interaction_typ
 from ._modules._module import Module as Module
 from ._modules._params import from_module as from_module
 from ._modules._params import to_module as to_module
+from ._modules._prob_sequential import ProbabilisticSequential as ProbabilisticSequential
 from ._modules._probabilistic import CompositeDistribution as CompositeDistribution
 from ._modules._probabilistic import Probabilistic as Probabilistic
-from ._modules._probabilistic import ProbabilisticSequential as ProbabilisticSequential
 from ._modules._sequential import Sequential as Sequential
 from ._td import TensorDict as TensorDict
 from ._td import _tree

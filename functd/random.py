@@ -55,7 +55,7 @@ from ._threefry import (
 )
 
 __all__ = [
-    "bernoulli", "bits", "categorical", "exponential", "fold_in", "gumbel", "key",
+    "as_key", "bernoulli", "bits", "categorical", "exponential", "fold_in", "gumbel", "key",
     "normal", "permutation", "randint", "split", "truncated_normal", "uniform",
 ]  # fmt: skip
 
@@ -174,6 +174,29 @@ def key(seed: int | Tensor, *, device: torch.device | str | None = None) -> Tens
     if not _MIN64 <= seed <= _MAX64:
         raise ValueError(f"key: `seed` must lie in [-2**63, 2**63) (int64), got {seed}.")
     return _to_i32(torch.tensor([seed >> 32, seed], dtype=torch.int64, device=device))
+
+
+_seed_key = key  # (as_key takes an argument named key)
+
+
+def as_key(key: int | Tensor) -> Tensor:
+    """Return a PRNG key: a Python int seed becomes ``functd.random.key(seed)``.
+
+    Raises:
+        TypeError: ``key`` is neither an int nor a tensor.
+
+    Example:
+        >>> as_key(0)
+        tensor([0, 0], dtype=torch.int32)
+    """
+    if isinstance(key, Tensor):
+        return key
+    if isinstance(key, int) and not isinstance(key, bool):
+        return _seed_key(key)
+    raise TypeError(
+        f"expected a PRNG key (a tensor made by functd.random.key(seed)) or an int seed; "
+        f"got a {type(key).__name__}. Example: layer.init(functd.random.key(0))."
+    )
 
 
 def split(key: Tensor, num: int = 2) -> Tensor:

@@ -15,6 +15,7 @@ import torch.nn as nn
 from nn_cases import LAYER_CASES
 
 import functd as fd
+from functd._modules._call import ModuleKind
 
 B = 4
 
@@ -202,6 +203,45 @@ ENTRIES.update(
     }
 )
 
+
+# -- a user-defined module kind (issue 14): the calling protocol alone
+class Residual(ModuleKind):
+    """``y = x + body(x)``: a kind with one child, written with the protocol only
+    (no functd internals beyond ``ModuleKind``): the registry sweeps, eval_mode and
+    the state helpers must work through it."""
+
+    __slots__ = ("body", "in_keys", "out_keys")
+
+    def __init__(self, body, x="x", y="y"):
+        object.__setattr__(self, "body", body)
+        object.__setattr__(self, "in_keys", (x,))
+        object.__setattr__(self, "out_keys", (y,))
+
+    def _identity(self):
+        return (self.body, self.in_keys, self.out_keys)
+
+    def children(self):
+        return (("body", self.body),)
+
+    def with_children(self, children):
+        (body,) = children
+        return Residual(body, *self.in_keys, *self.out_keys)
+
+    def _step(self, params, data, bs, opts):
+        x = data[self.in_keys[0]]
+        p = params["body"] if self.body.has_params else None
+        state = self.body._run(p, data, bs, opts)  # the child's step, same options
+        y = self.out_keys[0]
+        data[y] = data[y] + x
+        return None if state is None else fd.TensorDict({"body": state}, [])
+
+
+def _residual():
+    return Residual(_bn_block())
+
+
+ENTRIES["Residual(user-defined kind, BatchNorm)"] = Entry(Residual, _residual, _x33)
+
 PUBLIC: tuple[type, ...] = (
     fd.Module,
     fd.Sequential,
@@ -225,7 +265,7 @@ def call(module, params, td, key=None):
     """Call an entry's module the way its kind needs: with ``key`` when it is random,
     through ``apply_with_state`` (returning ``(td, new_state)``) when it is stateful."""
     key = key if module.random else None
-    if getattr(module, "stateful", False):
+    if module.stateful:  # every module kind answers (the calling protocol)
         return module.apply_with_state(params, td, key=key)
     return module(params, td, key=key) if key is not None else module(params, td)
 

@@ -85,7 +85,13 @@ def test_float64_works(name):
 
 @pytest.mark.compile
 @pytest.mark.parametrize(
-    "name", ["Sequential(tutorial block)", "GRUCell", "Module(functional_call)"]
+    "name",
+    [
+        "Sequential(tutorial block)",
+        "GRUCell",
+        "Module(functional_call)",
+        "Residual(user-defined kind, BatchNorm)",
+    ],
 )
 def test_compile_equals_eager(name):
     torch._dynamo.reset()

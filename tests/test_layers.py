@@ -140,7 +140,6 @@ def test_no_import_circle():
     assert cycles(GRAPH) == []
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 in progress: _modules imports the nn façade")
 def test_no_upward_import():
     bad = []
     for mod, deps in sorted(GRAPH.items()):

@@ -90,21 +90,22 @@ def weighted(outputs, weights):
 
 def torch_sources(m):
     """The torch modules behind an entry (a Module or a Sequential of them), or None when
-    some parameters live only in a functd layer."""
-    if isinstance(m, fd.Sequential):
-        subs = [torch_sources(c) for c in m.modules]
+    some parameters live only in a functd layer, or the entry is of another kind (a
+    probabilistic one, a user-defined one: checked against torch.autograd instead)."""
+    if type(m) is fd.Sequential:
+        subs = [torch_sources(c) for _, c in m.children()]
         return None if any(s is None for s in subs) else dict(zip(m.names, subs))
-    if isinstance(m, fd.Probabilistic):
-        return None  # a distribution head: checked against torch.autograd instead
-    if m._source is not None:
-        return m._source
+    if type(m) is not fd.Module:
+        return None
+    if m.torch_source() is not None:
+        return m.torch_source()
     return None if m.has_params else False  # False: a parameter-free callable
 
 
 def nn_forward(m, sources, data):
     """Run the entry's computation with the torch modules themselves (no functd)."""
-    if isinstance(m, fd.Sequential):
-        for name, child in zip(m.names, m.modules):
+    if m.children():  # a Sequential (torch_sources accepts no other kind with children)
+        for name, child in m.children():
             nn_forward(child, sources[name], data)
         return
     fn = sources if sources is not False else m.fn
@@ -114,10 +115,8 @@ def nn_forward(m, sources, data):
 
 
 def nn_grads(m, sources):
-    if isinstance(m, fd.Sequential):
-        return fd.TensorDict(
-            {n: nn_grads(c, sources[n]) for n, c in zip(m.names, m.modules) if c.has_params}
-        )
+    if m.children():
+        return fd.TensorDict({n: nn_grads(c, sources[n]) for n, c in m.children() if c.has_params})
     return fd.TensorDict(
         {k: t.grad for k, t in sources.state_dict(keep_vars=True).items() if t.grad is not None}
     )
@@ -189,8 +188,8 @@ def test_entries_made_of_torch_modules_are_checked_against_them():
 def _load(m, sources, params):
     """Load float64 params into the copied torch modules (and make buffers other than
     running statistics require grad, since functd differentiates them like any entry)."""
-    if isinstance(m, fd.Sequential):
-        for n, c in zip(m.names, m.modules):
+    if m.children():
+        for n, c in m.children():
             if c.has_params:
                 _load(c, sources[n], params[n])
         return

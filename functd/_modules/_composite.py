@@ -39,7 +39,9 @@ from torch import distributions as D
 
 from .. import _errors as E
 from .._td import Key, TensorDict
+from ..random import fold_in, split
 from ._distributions import InteractionType, _deterministic, add_suffix, draw, value
+from ._keys import as_keys
 
 __all__ = ["CompositeDistribution"]
 
@@ -50,8 +52,6 @@ SUM_ENTROPY = "entropy"
 
 def unravel(key: Any, what: str) -> Key:
     """A key as functd stores it: a str, or a flat tuple of str (tensordict's unravel_key)."""
-    from ._module import as_keys
-
     return as_keys([key], what)[0]
 
 
@@ -185,8 +185,6 @@ class CompositeDistribution(D.Distribution, Mapping):
     def sample(self, key: Tensor, sample_shape: Sequence[int] = ()) -> TensorDict:
         """A TensorDict of draws (batch ``sample_shape + batch_shape``); component ``i``
         draws under ``fold_in(key, i)``, reparameterised where it can be."""
-        from ..random import fold_in
-
         shape = torch.Size(sample_shape)
         vals = {k: draw(d, fold_in(key, i), shape) for i, (k, d) in enumerate(self.dists.items())}
         return _td(vals, shape + self.batch_shape)
@@ -261,8 +259,6 @@ class CompositeDistribution(D.Distribution, Mapping):
         self, samples_mc: int = 1, *, include_sum: bool = False, key: Tensor | None = None
     ) -> TensorDict:
         """A TensorDict of ``<key>_entropy`` entries (and their sum at ``entropy_key``)."""
-        from ..random import fold_in
-
         vals, total, n = {}, 0.0, len(self.batch_shape)
         for i, (k, d) in enumerate(self.dists.items()):
             e = self._entropy(d, samples_mc, None if key is None else fold_in(key, i))
@@ -303,8 +299,6 @@ def many(call: Callable[[Any], Any], shape: tuple[int, ...], key: Tensor | None)
     """``num_samples``: ``call(k)`` vmapped over ``fd.random.split(key, prod(shape))``
     reshaped to ``(*shape, 2)`` (the leading dims of every output); without a key,
     the one (deterministic) output repeated."""
-    from ..random import split
-
     if key is None:
         args, f = torch.zeros(shape), lambda _: call(None)
     else:

@@ -12,7 +12,18 @@ from typing import Any
 
 from .._td import Key, _check_key
 
-__all__ = ["as_keys"]
+__all__ = ["as_keys", "key_diff"]
+
+
+def key_diff(expected: Any, got: Any) -> tuple[list, list]:
+    """``(missing, extra)``: the keys of ``expected`` not in ``got``, and of ``got``
+    not in ``expected`` (each in its container's order).
+
+    Example:
+        >>> key_diff({"a": 1, "b": 2}, ["b", "c"])
+        (['a'], ['c'])
+    """
+    return [k for k in expected if k not in got], [k for k in got if k not in expected]
 
 
 def _unravel(key: Any) -> Any:

@@ -24,37 +24,32 @@ import torch
 
 from .. import _errors as E
 from .._td import Key, TensorDict, _new
+from ..nn._base import Layer
+from ..nn._lower import FunctionalCall, lower
+from ._call import (
+    _NOPE,
+    ModuleKind,
+    Options,
+    _empty_params,
+    bad_params,
+    get_path,
+    missing_input,
+    positional_call,
+)
 from ._keys import as_keys
-from ._outputs import _write as _write
-from ._outputs import _write_outputs, positional_call
-from ._params_check import _layout as _layout
+from ._outputs import _write_outputs
 from ._params_check import placed_inputs as _placed_inputs
+from ._sequential import Sequential
+from ._state import layer_with_training
 
 __all__ = ["Module", "as_keys", "positional_call"]
 
-_EMPTY = None
-
-
-def _empty_params() -> TensorDict:
-    global _EMPTY
-    if _EMPTY is None:
-        _EMPTY = _new({}, torch.Size([]))
-    return _EMPTY
-
-
-def _kwarg_name(key: Key) -> str:
-    return key if isinstance(key, str) else "_".join(key)
-
 
 def _is_layer(fn: Any) -> bool:
-    from ..nn import Layer
-
     return isinstance(fn, Layer)
 
 
 def _lower(fn: torch.nn.Module):
-    from ..nn import FunctionalCall, lower
-
     layer = lower(fn)
     return layer if layer is not None else FunctionalCall(fn)
 
@@ -89,7 +84,7 @@ def _check_arity(fn: Callable, n: int, kwargs: tuple | None, label: str) -> None
         ) from None
 
 
-class Module:
+class Module(ModuleKind):
     """One pure step: read ``in_keys``, apply ``fn``, write ``out_keys``.
 
     Args:
@@ -130,6 +125,7 @@ class Module:
         "in_keys",
         "out_keys",
     )
+    _FROZEN_HINT = "build a new Module instead."
 
     def __init__(
         self,
@@ -240,11 +236,6 @@ class Module:
             >>> m.select_out_keys("d").out_keys
             ('d',)
         """
-        if type(self) is not Module:
-            raise TypeError(
-                f"{self._label()}.select_out_keys: select the outputs of the Sequential that "
-                "holds it instead: fd.ProbabilisticSequential(...).select_out_keys(...)."
-            )
         if len(keys) == 1 and isinstance(keys[0], list):
             raise KeyError(
                 f"{self._label()}.select_out_keys takes keys, not a list: pass them "
@@ -270,15 +261,37 @@ class Module:
     def _identity(self) -> tuple:
         return (self._fn, self.in_keys, self.out_keys, self._kwargs, self._out_all)
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Module and self._identity() == other._identity()
+    # ---------------------------------------------------------------- protocol
+    def with_training(self, flag: bool) -> Module:
+        """The same Module with its layer switched to training or eval mode (BatchNorm,
+        Dropout, a torch module run through ``FunctionalCall``); ``self`` if unchanged."""
+        fn = layer_with_training(self._fn, flag) if _is_layer(self._fn) else self._fn
+        if fn is self._fn:
+            return self
+        if self._kwargs:  # {argument: td_key}: one td key may feed several arguments
+            ins = dict(zip(self._kwargs, self.in_keys))
+            new = Module(fn, ins, list(self._out_all), out_to_in_map=True)
+        else:
+            new = Module(fn, list(self.in_keys), list(self._out_all))
+        if new.out_keys != self.out_keys:
+            new = new.select_out_keys(*self.out_keys)
+        object.__setattr__(new, "_source", self._source)  # from_module still reads its weights
+        return new
 
-    def __hash__(self) -> int:
-        return hash(self._identity())
+    def own_buffer_paths(self) -> tuple[tuple[str, ...], ...]:
+        return self._fn.buffer_paths() if _is_layer(self._fn) else ()
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise E.FrozenError(
-            f"Module is immutable: cannot set {name!r}; build a new Module instead."
+    def torch_source(self) -> torch.nn.Module | None:
+        return self._source
+
+    def _inline(self) -> bool:
+        """Whether a Sequential's plan may write this step out (``_plan.py``): a plain
+        Module with str keys and no state."""
+        return (
+            type(self) is Module
+            and not self._stateful
+            and all(type(k) is str for k in self.in_keys)
+            and all(type(k) is str for k in self.out_keys)
         )
 
     def _label(self) -> str:
@@ -296,9 +309,7 @@ class Module:
         )
         return f"Module({fn}, in_keys={list(self.in_keys)}, out_keys={list(self.out_keys)})"
 
-    def __rshift__(self, other: Any):
-        from ._sequential import Sequential
-
+    def __rshift__(self, other: Any) -> Sequential:
         return Sequential(self, other)
 
     # ---------------------------------------------------------------- params
@@ -312,59 +323,27 @@ class Module:
         return self._fn.init(key, dtype=dtype, device=device)
 
     # ---------------------------------------------------------------- call
-    def __call__(
-        self,
-        params: TensorDict | None = None,
-        td: TensorDict | torch.Tensor | None = None,
-        /,
-        *args: torch.Tensor,
-        key: Any = None,
-        **tensors: torch.Tensor,
-    ):
-        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``.
-
-        ``m(params, x, h)``: tensors in ``in_keys`` order (tensordict's positional
-        dispatch, after the params), the rest by keyword; returns the out tensors.
-        """
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors)
-        return call_td(self, params, td, key, tensors, self._run)
-
-    def apply_with_state(
-        self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
-    ) -> tuple[TensorDict, TensorDict]:
-        """``m(params, td)`` that also returns the new running statistics.
-
-        Returns:
-            ``(out, new_state)``: ``new_state`` holds the new statistics of the
-            stateful layers (BatchNorm in training mode), laid out like their
-            entries in ``params`` (empty when there are none). Apply them with
-            ``fd.nn.update_state(params, new_state)``. Nothing is written.
-
-        Example:
-            >>> bn = fd.Module(nn.BatchNorm1d(3), in_keys=["x"], out_keys=["y"])
-            >>> params = fd.from_module(bn)
-            >>> out, new_state = bn.apply_with_state(params, td)
-            >>> params = fd.nn.update_state(params, new_state)
-        """
-        return apply_with_state(self, params, td, key)
-
-    def _step(self, params: TensorDict | None, data: dict, bs: torch.Size, key: Any) -> None:
-        """Read from the working dict ``data``, compute, write into it (internal)."""
-        if self._stateful and data.get(STATE, _NOPE) is not COLLECT:
+    # __call__ and apply_with_state: ModuleKind's (functd/_modules/_call.py)
+    def _step(
+        self, params: TensorDict | None, data: dict, bs: torch.Size, opts: Options | None
+    ) -> TensorDict | None:
+        """Read from the working dict ``data``, compute, write into it; return the new
+        running statistics of a stateful layer (``opts.collect``) (internal)."""
+        if self._stateful and (opts is None or not opts.collect):
             raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what="it"))
+        key = None if opts is None else opts.key
         args = []
         for k in self.in_keys:
-            v = data.get(k, _NOPE) if type(k) is str else _get_path(data, k)
+            v = data.get(k, _NOPE) if type(k) is str else get_path(data, k)
             if v is _NOPE:
-                _missing_input(self, k, data)
+                missing_input(self, k, data)
             args.append(v)
         fn, kind = self._fn, self._kind
         if kind == 2:
             out = self._plain(*args)
         elif kind == 0:
             if type(params) is not TensorDict:
-                _bad_params(self, params)
+                bad_params(self, params)
             if params._checked is not fn:  # DTensor params: plain inputs replicated
                 args = _placed_inputs(self, params, args)
             out = fn(params, *args, key=key) if self._random else fn(params, *args)
@@ -374,45 +353,14 @@ class Module:
         else:
             out = fn(**dict(zip(self._kwargs, args)))
         if self._stateful:
-            out, data[STATE] = out
+            out, state = out
+            _write_outputs(self, data, bs, out)
+            return state
         _write_outputs(self, data, bs, out)
+        return None
 
 
-def call_td(m: Any, params: Any, td: Any, key: Any, tensors: dict, run: Any, *extra: Any):
-    """The body every module's ``__call__`` shares: the keyword form ``m(params, x=x)``,
-    the argument checks, then ``run(params, data, batch_size, key, *extra)`` on a
-    working copy of the td's entries, which becomes the new td."""
-    if td is None:
-        return _keyword_call(m, params, key, tensors, *extra)
-    if tensors:
-        raise TypeError(f"{m._label()}: pass either a TensorDict or keyword tensors, not both.")
-    if not isinstance(td, TensorDict):
-        _bad_td(m, params, td)
-    data = dict(td._data)
-    run(params, data, td._batch_size, key, *extra)
-    return _new(data, td._batch_size)
-
-
-_NOPE = object()
 _Tensor = torch.Tensor
-#: Slot of the working dict where a stateful module leaves its new state: present
-#: (holding COLLECT) only under ``apply_with_state``. An int: no TensorDict key (always
-#: a str) can equal it, and torch.compile traces int dict keys.
-STATE = -1
-COLLECT = object()
-
-
-def apply_with_state(m: Any, params: Any, td: Any, key: Any) -> tuple[TensorDict, TensorDict]:
-    """``m(params, td)`` returning ``(out, new_state)``; see ``Module.apply_with_state``."""
-    if not isinstance(td, TensorDict):
-        _bad_td(m, params, td)
-    data = dict(td._data)
-    data[STATE] = COLLECT
-    m._run(params, data, td._batch_size, key)
-    state = data.pop(STATE)
-    if state is COLLECT:
-        state = _new({}, torch.Size([]))
-    return _new(data, td._batch_size), state
 
 
 def _make_run(m: Module):
@@ -430,11 +378,11 @@ def _make_run(m: Module):
             return m._step
         o0 = outs[0]
 
-        def run_n(params, data, bs, key):
+        def run_n(params, data, bs, opts):
             try:
                 args = [data[k] for k in ins]
             except KeyError:
-                _missing_input(m, next(k for k in ins if k not in data), data)
+                missing_input(m, next(k for k in ins if k not in data), data)
             out = fn(*args)
             if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
                 return _write_outputs(m, data, bs, out)
@@ -444,10 +392,10 @@ def _make_run(m: Module):
     k0, o0 = ins[0], outs[0]
     if kind == 2:
 
-        def run(params, data, bs, key):
+        def run(params, data, bs, opts):
             x = data.get(k0, _NOPE)
             if x is _NOPE:
-                _missing_input(m, k0, data)
+                missing_input(m, k0, data)
             out = fn(x)
             if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
                 return _write_outputs(m, data, bs, out)
@@ -455,15 +403,15 @@ def _make_run(m: Module):
 
     elif kind == 0:
 
-        def run(params, data, bs, key):
+        def run(params, data, bs, opts):
             x = data.get(k0, _NOPE)
             if x is _NOPE:
-                _missing_input(m, k0, data)
+                missing_input(m, k0, data)
             if type(params) is not TensorDict:
-                _bad_params(m, params)
+                bad_params(m, params)
             if params._checked is not fn:  # DTensor params: plain inputs replicated
                 (x,) = _placed_inputs(m, params, (x,))
-            out = fn(params, x, key=key) if rnd else fn(params, x)
+            out = fn(params, x, key=None if opts is None else opts.key) if rnd else fn(params, x)
             if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
                 return _write_outputs(m, data, bs, out)
             data[o0] = out
@@ -471,11 +419,11 @@ def _make_run(m: Module):
     elif kind == 1:
         empty = _empty_params()
 
-        def run(params, data, bs, key):
+        def run(params, data, bs, opts):
             x = data.get(k0, _NOPE)
             if x is _NOPE:
-                _missing_input(m, k0, data)
-            out = fn(empty, x, key=key) if rnd else fn(empty, x)
+                missing_input(m, k0, data)
+            out = fn(empty, x, key=None if opts is None else opts.key) if rnd else fn(empty, x)
             if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
                 return _write_outputs(m, data, bs, out)
             data[o0] = out
@@ -483,83 +431,3 @@ def _make_run(m: Module):
     else:
         return m._step
     return run
-
-
-def _get_path(data: dict, key: tuple) -> Any:
-    v = data.get(key[0], _NOPE)
-    for part in key[1:]:
-        if type(v) is not TensorDict:
-            return _NOPE
-        v = v._data.get(part, _NOPE)
-    return v
-
-
-def _missing_input(m: Module, key: Key, data: dict):
-    has = E.fmt_keys(_TensorDictKeys(data))
-    raise KeyError(
-        f"{m._label()} reads {E.fmt_key(key)}, which the tensordict lacks; it has: {has}"
-    )
-
-
-def _TensorDictKeys(data: dict) -> list:
-    out = []
-    for k, v in data.items():
-        if type(k) is not str:
-            continue  # the STATE slot
-        if type(v) is TensorDict:
-            out.extend((k, *(sk if isinstance(sk, tuple) else (sk,))) for sk in v.keys(True, True))
-        else:
-            out.append(k)
-    return out
-
-
-def _bad_td(m, params, td):
-    if isinstance(params, TensorDict) and td is None:
-        raise TypeError(f"{m._label()} takes (params, td); got one TensorDict.")
-    raise TypeError(
-        f"{m._label()}: the second argument must be a TensorDict, got {type(td).__name__}. "
-        "Call m(params, td) or m(params, x=tensor)."
-    )
-
-
-def _bad_params(m: Module, params: Any):
-    what = "nothing" if params is None else f"a {type(params).__name__}"
-    raise TypeError(
-        f"{m._label()} has parameters but was given {what} as params. Call "
-        "m(params, td) with params = m.init(fd.random.key(0)) or fd.from_module(m)."
-    )
-
-
-def _keyword_call(m, params, key, tensors: dict, interaction=None):
-    """``m(params, x=x)``: build the td from keyword tensors, return the out tensors."""
-    if not tensors:
-        if isinstance(params, TensorDict):
-            raise TypeError(
-                f"{m._label()} takes (params, td); got one TensorDict. Call m(params, td); a "
-                "module without parameters takes m(None, td)."
-            )
-        hint = ""
-        if isinstance(params, _Tensor):
-            hint = " The params come first: m(None, x) for a module without parameters."
-        raise TypeError(
-            f"{m._label()} takes (params, td), (params, *tensors) or (params, **tensors); "
-            f"got no data.{hint}"
-        )
-    names = {_kwarg_name(k): k for k in m.in_keys}
-    unknown = [n for n in tensors if n not in names]
-    missing = [n for n in names if n not in tensors]
-    if unknown or missing:
-        raise TypeError(
-            f"{m._label()}: keyword call got unknown name(s) {unknown or '(none)'} and lacks "
-            f"{missing or '(none)'}; it takes {list(names)}."
-        )
-    td = TensorDict({}, [])
-    for n, v in tensors.items():
-        td = td.set(names[n], v)
-    out = (
-        m(params, td, key=key)
-        if interaction is None
-        else m(params, td, key=key, interaction=interaction)
-    )
-    vals = tuple(out.get(k) for k in m.out_keys)
-    return vals[0] if len(vals) == 1 else vals

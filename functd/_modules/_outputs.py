@@ -1,4 +1,4 @@
-"""How a Module writes its outputs, and its positional call ``m(params, x, h)``.
+"""How a module writes its outputs into the working dict of a call.
 
 Example:
     >>> m = fd.Module(lambda x: fd.TensorDict({"b": x}, []), ["a"], ["b"])
@@ -16,43 +16,10 @@ import torch
 from .. import _errors as E
 from .._td import Key, TensorDict, _new, _set_path
 
-__all__ = ["positional_call"]
+__all__ = ["_write", "_write_outputs"]
 
 _Tensor = torch.Tensor
 _NOPE = object()
-
-
-def positional_call(m: Any, params: Any, args: tuple, key: Any, tensors: dict, *extra: Any):
-    """``m(params, x, h)``: tensors in ``m.in_keys`` order after the params (tensordict's
-    positional dispatch), the remaining in_keys by keyword; returns the out tensors."""
-    ins = m.in_keys
-    if isinstance(args[0], TensorDict):
-        raise TypeError(
-            f"{m._label()}: m(params, td) takes no further positional arguments; got "
-            f"{len(args) - 1} more. Call m(params, td) or m(params, *tensors)."
-        )
-    if len(args) > len(ins):
-        raise TypeError(
-            f"{m._label()}: got {len(args)} positional tensors but in_keys has {len(ins)} "
-            f"({E.fmt_keys(ins)}); pass one tensor per in_key, in this order."
-        )
-    named = {}
-    for k, v in zip(ins, args):
-        name = k if isinstance(k, str) else "_".join(k)  # as _module._kwarg_name
-        if not isinstance(v, _Tensor):
-            raise TypeError(
-                f"{m._label()}: positional input {E.fmt_key(k)} is a {type(v).__name__}, not a "
-                "tensor. Call m(params, td) with a TensorDict, or m(params, *tensors)."
-            )
-        if name in tensors:
-            raise TypeError(
-                f"{m._label()}: {E.fmt_key(k)} is given both positionally and as {name}=."
-            )
-        named[name] = v
-    named.update(tensors)
-    from ._module import _keyword_call
-
-    return _keyword_call(m, params, key, named, *extra)
 
 
 def _write_outputs(self: Any, data: dict, bs: torch.Size, out: Any) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 
 from .._td import TensorDict, _new
-from ._module import Module
-from ._sequential import Sequential
+from ..nn._convert import load_td, state_to_td
+from ._call import ModuleKind
 
 __all__ = ["from_module", "to_module"]
 
@@ -24,24 +24,22 @@ def from_module(module: Any) -> TensorDict:
 
     Args:
         module: a ``torch.nn.Module`` (names as in its ``state_dict``, nested at
-            dots), or an ``fd.Module``/``fd.Sequential`` (the weights its wrapped
-            torch modules hold now, in the layout its ``init`` returns).
+            dots), or a module of any kind (``fd.Module``, ``fd.Sequential``, ...: the
+            weights its wrapped torch modules hold now, in the layout its ``init``
+            returns, read through its ``children()`` and ``torch_source()``).
 
     Raises:
         TypeError: an ``fd.Module`` with parameters that wraps no torch module
             (its weights exist only as ``init`` results).
     """
-    from ..nn import state_to_td
-
-    if isinstance(module, Sequential):
-        data = {}
-        for name, m in zip(module.names, module.modules):
-            if m.has_params:
-                data[name] = from_module(m)
-        return _new(data, torch.Size([]))
-    if isinstance(module, Module):
-        if module._source is not None:
-            return state_to_td(module._source)
+    if isinstance(module, ModuleKind):
+        kids = module.children()
+        if kids:
+            data = {name: from_module(m) for name, m in kids if m.has_params}
+            return _new(data, torch.Size([]))
+        source = module.torch_source()
+        if source is not None:
+            return state_to_td(source)
         if module.has_params:
             raise TypeError(
                 f"fd.from_module: {module._label()} wraps the functd layer {module.fn!r}, not a "
@@ -65,17 +63,17 @@ def to_module(params: TensorDict, module: Any) -> Any:
     Raises:
         KeyError, ValueError: missing/unexpected entries or wrong shapes (names the path).
     """
-    from ..nn import load_td
-
-    if isinstance(module, Sequential):
-        for name, m in zip(module.names, module.modules):
-            if m.has_params:
-                to_module(params[name], m)
-        return module
-    if isinstance(module, Module):
-        if module._source is None:
+    if isinstance(module, ModuleKind):
+        kids = module.children()
+        if kids:
+            for name, m in kids:
+                if m.has_params:
+                    to_module(params[name], m)
+            return module
+        source = module.torch_source()
+        if source is None:
             raise TypeError(f"fd.to_module: {module._label()} wraps no torch module to load into.")
-        load_td(params, module._source)
+        load_td(params, source)
         return module
     if isinstance(module, torch.nn.Module):
         return load_td(params, module)

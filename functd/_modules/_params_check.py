@@ -21,6 +21,7 @@ from .. import _errors as E
 from .._td import TensorDict, _set_checked
 from .._td import _dtensor as _dt
 from .._td._dtensor import _base, _from_local, mixed_mesh_error, one_mesh, seen
+from ._keys import key_diff
 
 __all__ = ["_check_params", "_layout"]
 
@@ -91,8 +92,7 @@ def _check_params(m: Any, params: TensorDict) -> None:
                 return
     expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
     got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
-    missing = [k for k in expected if k not in got]
-    extra = [k for k in got if k not in expected]
+    missing, extra = key_diff(expected, got)
     if missing or extra:
         raise KeyError(
             f"{m._label()}: params do not match the layout of {m._fn!r}: missing "
@@ -148,8 +148,6 @@ def placed_inputs(m: Any, params: TensorDict, args: Any) -> Any:
     with every plain tensor replicated on their mesh; else ``args`` unchanged."""
     mark = params._checked
     if type(mark) is not Placed or mark.fn is not m._fn:
-        from .._modules._params_check import _check_params
-
         _check_params(m, params)
         mark = params._checked
         if mark is m._fn:

@@ -10,11 +10,12 @@ each step's function on plain tensors, build the output TensorDict once. It
 keeps the reference's semantics exactly, using the same building blocks:
 
 - outputs that fail the inline check (not a tensor, wrong batch dims, a tuple or
-  a mapping for several out_keys) go through ``_module._write_outputs``; the
-  params of a child go through ``_module._check_params``;
-- a child that is not a plain Module with str keys (a Probabilistic head, a
-  Sequential kept whole, nested keys) runs its own ``_run``/``_run_i`` on a dict
-  holding exactly the entries the reference's working dict holds at that point;
+  a mapping for several out_keys) go through ``_outputs._write_outputs``; the
+  params of a child go through ``_params_check._check_params``;
+- a child that does not declare itself inline (``m._inline()``: a plain Module
+  with str keys; not a Probabilistic head, a Sequential kept whole, nested keys)
+  runs its own ``_run`` with the call's options on a dict holding exactly the
+  entries the reference's working dict holds at that point;
 - a layout where some child reads a key nothing provides, or params that are
   not a TensorDict or lack a child's entry, fall back to the reference call,
   which raises its usual error (nothing has run yet when the plan gives up).
@@ -39,7 +40,10 @@ import torch
 import torch.nn.functional as F
 
 from .._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec
-from ._module import Module, _bad_params, _empty_params, _write_outputs, call_td
+from ..nn._linear import Linear
+from ..random import fold_in
+from ._call import _empty_params, bad_params, call_td
+from ._outputs import _write_outputs
 from ._params_check import _check_params
 
 __all__ = ["MAX_PLANS", "plan_source", "reference", "run"]
@@ -78,56 +82,72 @@ def _keeps_shape(fn: Any) -> bool:
         return False
 
 
-def _give_up(params: Any, data: dict, bs: torch.Size, key: Any, it: Any) -> None:
+def _early_drops(modules: Any, drop: tuple) -> list[tuple[str, ...]]:
+    """Per module: the unselected str keys to delete right after it runs (the last
+    module that writes or reads them). Freeing intermediates early keeps the peak
+    memory of a selected chain at that of the plain function (and on CPU avoids
+    fresh pages for every call). The loop (``Sequential._step``) and the plan both
+    use it."""
+    last: dict = {}
+    for i, m in enumerate(modules):
+        for k in (*m.in_keys, *m.out_keys):
+            if type(k) is str and k in drop:
+                last[k] = i
+    out: list[list[str]] = [[] for _ in modules]
+    for k, i in last.items():
+        out[i].append(k)
+    return [tuple(ks) for ks in out]
+
+
+def _give_up(params: Any, data: dict, bs: torch.Size, opts: Any) -> None:
     """The plan of a layout that the reference call must serve (it raises the error)."""
     return None
 
 
-def _check_child(m: Module, p: Any) -> bool:
+def _check_child(m: Any, p: Any) -> bool:
     """Check a child's params; True when they hold DTensors: the plan then hands the
     call to the loop, whose steps replicate plain inputs onto the params' mesh (the
     steps run so far are pure, so running them again there changes nothing)."""
     if type(p) is not TensorDict:
-        _bad_params(m, p)
+        bad_params(m, p)
     _check_params(m, p)
     return p._checked is not m._fn
 
 
-def _write1(m: Module, bs: torch.Size, out: Any, key: str) -> Any:
+def _write1(m: Any, bs: torch.Size, out: Any, key: str) -> Any:
     w: dict = {}
     _write_outputs(m, w, bs, out)
     return w[key]
 
 
-def _write_n(m: Module, bs: torch.Size, out: Any) -> tuple:
+def _write_n(m: Any, bs: torch.Size, out: Any) -> tuple:
     w: dict = {}
     _write_outputs(m, w, bs, out)
     return tuple(w[k] for k in m.out_keys)
 
 
-def run(seq: Any, params: Any, td: TensorDict, key: Any, it: Any = None) -> TensorDict | None:
-    """``seq(params, td, key=key)`` through its plan for td's layout; None: the caller
-    runs the reference call (a layout the plan cannot serve, or bad params)."""
+def run(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict | None:
+    """``seq(params, td)`` with call options ``opts`` through its plan for td's layout;
+    None: the caller runs the reference call (a layout the plan cannot serve, or bad
+    params)."""
     data = td._data
     bs = td._batch_size
+    key = None if opts is None else opts.key
     layout = (tuple(data), len(bs), key is None and type(params) is TensorDict)
     plan = seq._plans.get(layout)
     if plan is None:
         if len(seq._plans) >= MAX_PLANS:
             return None
         plan = seq._plans[layout] = _compile(seq, layout)
-    return plan(params, data, bs, key, it)
+    return plan(params, data, bs, opts)
 
 
 def reference(
     seq: Any, params: Any, td: TensorDict, *, key: Any = None, interaction: Any = None
 ) -> TensorDict:
     """The reference call of ``seq``: its loop over the children, no plan."""
-    from ._probabilistic import ProbabilisticSequential, _resolve
-
-    if isinstance(seq, ProbabilisticSequential):
-        return call_td(seq, params, td, key, {}, seq._run_i, _resolve(interaction, seq))
-    return call_td(seq, params, td, key, {}, seq._run)
+    opts = seq._call_options(key, interaction)
+    return call_td(seq, params, td, key, {}, seq._run, opts)
 
 
 def plan_source(seq: Any, td: TensorDict, *, key: Any = None, params: Any = None) -> str:
@@ -146,26 +166,12 @@ def _compile(seq: Any, layout: tuple):
     return ns["plan"]
 
 
-def _inline(m: Any) -> bool:
-    """A child the plan writes out: a plain Module with str keys and no state."""
-    return (
-        type(m) is Module
-        and not m._stateful
-        and all(type(k) is str for k in m.in_keys)
-        and all(type(k) is str for k in m.out_keys)
-    )
-
-
 def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     """(source, globals) of the plan; ("", {}) when the reference call must serve."""
-    from ..nn._linear import Linear
-    from ._sequential import _early_drops
-
     keys, n, early = layout
-    prob = hasattr(seq, "_psteps")
     if seq._stateful:
         return "", {}
-    drops = _early_drops(seq.modules, seq._drop) if early and not prob else None
+    drops = _early_drops(seq.modules, seq._drop) if early else None
     ns: dict = {
         "T": _Tensor,
         "TD": TensorDict,
@@ -218,7 +224,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         for k in sorted(in_base - live):
             emit(f"    del {name}[{k!r}]")
 
-    steps = seq._psteps if prob else tuple((*s, None) for s in seq._steps)
+    steps = seq._steps
     has_p = [s[2] for s in steps]
     if seq._nparams < sys.maxsize:  # params with an entry no child owns: the loop raises
         emit(f"    if type(params) is TD and len(params._data) > {seq._nparams}:")
@@ -234,18 +240,13 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         emit("    except KeyError:")
         emit("        return None")
     emit("    base = data")
-    if prob:
-        from ._probabilistic import Probabilistic, _draws
-
-        ns["_draws"] = _draws
     if seq._random:
-        from ..random import fold_in
-
         ns["fold_in"] = fold_in
-    for i, (name, m, hp, rnd, idx, _, run_i) in enumerate(steps):
+        emit("    key = None if opts is None else opts.key")
+    for i, (name, m, hp, rnd, idx, run) in enumerate(steps):
         ns[f"M{i}"] = m
         p = f"p_{name}" if hp else "None"
-        if _inline(m):
+        if m._inline():
             if any(k not in live for k in m.in_keys):
                 return "", {}  # the reference call raises the missing-input error
             args = [read(k) for k in m.in_keys]
@@ -307,16 +308,9 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         else:
             working_dict("d")
             d = "d"
-            if run_i is not None and type(m) is Probabilistic:
-                k = f"fold_in(key, {idx}) if key is not None and _draws(M{i}, it) else None"
-            elif rnd:
-                k = f"None if key is None else fold_in(key, {idx})"
-            else:
-                k = "key"
-            if run_i is not None:
-                emit(f"    M{i}._run_i({p}, {d}, bs, {k}, it)")
-            else:
-                emit(f"    M{i}._run({p}, {d}, bs, {k})")
+            o = f"opts if key is None else opts.with_key(fold_in(key, {idx}))" if rnd else "opts"
+            ns[f"R{i}"] = run  # the step the loop runs for this child
+            emit(f"    R{i}({p}, {d}, bs, {o})")
             emit(f"    base = {d}")
             base_is_data = False
             for o in getattr(m, "_drop", ()):  # what a Sequential child removes
@@ -353,5 +347,5 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     emit("    _set_spec(td, None)")
     emit("    _set_checked(td, None)")
     emit("    return td")
-    src = "def plan(params, data, bs, key, it):\n" + "\n".join(lines) + "\n"
+    src = "def plan(params, data, bs, opts):\n" + "\n".join(lines) + "\n"
     return src, ns

@@ -17,7 +17,8 @@ from .. import _errors as E
 from .._td import Key, TensorDict
 from ._composite import SUM_LOG_PROB, CompositeDistribution, write_names
 from ._distributions import add_suffix
-from ._module import _write, as_keys
+from ._keys import as_keys
+from ._outputs import _write
 
 
 def _path(key: Key) -> tuple[str, ...]:

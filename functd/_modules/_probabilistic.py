@@ -1,15 +1,16 @@
-"""Probabilistic modules: a distribution built from td entries, a value written from it.
+"""Probabilistic heads: a distribution built from td entries, a value written from it.
 
 ``Probabilistic`` reads the distribution's parameters, builds
 ``distribution_class(**params, **distribution_kwargs)`` and writes a value
 (chosen by the interaction type, see ``InteractionType``) and optionally its
-log-probability under ``<out_key>_log_prob``. ``ProbabilisticSequential`` is a
-``Sequential`` ending in (or holding several) probabilistic heads, with
-``get_dist`` and ``log_prob``. Both are pure: randomness comes from the call's
-``key`` (a head at position ``i`` of a sequence gets ``fold_in(key, i)``).
-A head over ``fd.CompositeDistribution`` writes one value per component; a
-head's ``num_samples`` makes the call the one-sample call vmapped over split
-keys (see ``functd/_composite.py``).
+log-probability under ``<out_key>_log_prob``. It is a module kind of its own, a
+sibling of ``Module`` (``_call.ModuleKind``); ``ProbabilisticSequential``
+(``_prob_sequential.py``) chains heads with other modules. The interaction type
+travels in the call options, which only the probabilistic kinds read. Heads are
+pure: randomness comes from the call's ``key`` (a head at position ``i`` of a
+sequence gets ``fold_in(key, i)``). A head over ``fd.CompositeDistribution``
+writes one value per component; a head's ``num_samples`` makes the call the
+one-sample call vmapped over split keys (see ``functd/_composite.py``).
 
 Example:
     >>> policy = fd.ProbabilisticSequential(
@@ -35,6 +36,20 @@ from torch import distributions as D
 from .. import _errors as E
 from .._td import Key, TensorDict, _is_dynamo
 from . import _plan
+from ._call import (
+    _NOPE,
+    ModuleKind,
+    Options,
+    bad_td,
+    call_td,
+    get_path,
+    missing_input,
+    options,
+    positional_call,
+)
+from ._call import (
+    apply_with_state as _apply_with_state,
+)
 from ._composite import CompositeDistribution, many, sample_shape
 from ._distributions import (
     InteractionType,
@@ -44,32 +59,93 @@ from ._distributions import (
     normal_fast,
     value,
 )
-from ._module import (
-    _NOPE,
-    Module,
-    _bad_td,
-    _get_path,
-    _missing_input,
-    _write,
-    call_td,
-    positional_call,
-)
+from ._outputs import _write
 from ._prob_args import _check_key_arg, _freeze, parse_head, write_composite
 from ._sequential import Sequential
 
-__all__ = ["CompositeDistribution", "Probabilistic", "ProbabilisticSequential"]
+__all__ = ["CompositeDistribution", "Probabilistic"]
 
 
-def _resolve(interaction: Any, m: Any) -> InteractionType | None:
-    """The interaction of a call: the explicit argument, else the context's (or None)."""
-    if interaction is not None:
-        if type(interaction) is InteractionType:
-            return interaction
-        return as_interaction(interaction, m._label())
-    return interaction_type()
+def _explicit(interaction: Any, m: Any) -> InteractionType | None:
+    """The interaction a call names (checked), or None: the context's, else each
+    head's default, is read by the head when it runs."""
+    if interaction is None or type(interaction) is InteractionType:
+        return interaction
+    return as_interaction(interaction, m._label())
 
 
-class Probabilistic(Module):
+def _call_kw(interaction: Any) -> dict | None:
+    return None if interaction is None else {"interaction": interaction}
+
+
+class _Drawing:
+    """The call both probabilistic kinds share: ``m(params, td, key=None,
+    interaction=None)``. The interaction travels in the call options (only these
+    kinds read it); ``_sample_dims`` (a head's ``num_samples``) makes the call the
+    one-sample call ``_one`` vmapped over ``fd.random.split(key, n)``."""
+
+    __slots__ = ()
+
+    def __call__(
+        self,
+        params: TensorDict | None = None,
+        td: TensorDict | Tensor | None = None,
+        /,
+        *args: Tensor,
+        key: Any = None,
+        interaction: InteractionType | str | None = None,
+        **tensors: Tensor,
+    ):
+        """``m(params, td, key=None, interaction=None)`` -> new td with the value(s)
+        (and log-probs); with ``num_samples``: every output gets the sample dims."""
+        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
+            return positional_call(self, params, (td, *args), key, tensors, _call_kw(interaction))
+        it = interaction
+        if it is not None and type(it) is not InteractionType:
+            it = as_interaction(it, self._label())
+        ns = self._sample_dims
+        if ns is not None and td is not None:  # (a keyword call comes back with a td)
+            if key is not None:
+                _check_key_arg(self._label(), key)
+            return many(
+                lambda k: call_td(self, params, td, k, tensors, self._one, options(k, it)), ns, key
+            )
+        opts = None if key is None and it is None else Options(key, it)
+        if self._PLANNED and type(td) is TensorDict and not tensors and not _is_dynamo():
+            out = _plan.run(self, params, td, opts)
+            if out is not None:
+                return out
+        return call_td(self, params, td, key, tensors, self._one, opts, _call_kw(interaction))
+
+    #: whether the call runs the kind's straight-line plan (``_plan.py``) first
+    _PLANNED = False
+
+    def apply_with_state(
+        self,
+        params: TensorDict | None,
+        td: TensorDict,
+        /,
+        *,
+        key: Any = None,
+        interaction: InteractionType | str | None = None,
+    ) -> tuple[TensorDict, TensorDict]:
+        """``m(params, td, key=..., interaction=...)`` that also returns the new running
+        statistics of its stateful modules (BatchNorm before the head in training
+        mode), nested by position like ``params`` (empty for a head alone); see
+        ``fd.Sequential.apply_with_state``.
+
+        Raises:
+            ValueError: with ``num_samples`` (the call is vmapped over keys).
+        """
+        if self._sample_dims is not None:
+            raise ValueError(
+                f"{self._label()}.apply_with_state: num_samples vmaps the call over keys; "
+                "switch the model to eval mode (fd.nn.eval_mode) or drop num_samples."
+            )
+        return _apply_with_state(self, params, td, Options(key, _explicit(interaction, self), True))
+
+
+class Probabilistic(_Drawing, ModuleKind):
     """Build a distribution from td entries and write a value from it (no parameters).
 
     Args:
@@ -116,15 +192,19 @@ class Probabilistic(Module):
         "_composite",
         "_dist_kwargs",
         "_dkw",
+        "_fn",
         "_names",
         "_normal",
+        "_run",
         "composite_lp_aggregate",
         "default_interaction_type",
         "distribution_class",
+        "in_keys",
         "log_prob_key",
         "log_prob_keys",
         "n_empirical_estimate",
         "num_samples",
+        "out_keys",
         "return_log_prob",
         "sample_key",
         "sample_keys",
@@ -159,14 +239,8 @@ class Probabilistic(Module):
         )
         set_ = object.__setattr__
         set_(self, "_fn", distribution_class)
-        set_(self, "_source", None)
         set_(self, "in_keys", ins)
         set_(self, "out_keys", outs)
-        set_(self, "_kwargs", names)
-        set_(self, "_has_params", False)
-        set_(self, "_random", True)
-        set_(self, "_kind", -1)
-        set_(self, "_plain", None)
         set_(self, "_names", names)
         set_(self, "_composite", composite)
         set_(self, "sample_key", samples[0])
@@ -185,7 +259,8 @@ class Probabilistic(Module):
         )
         set_(self, "n_empirical_estimate", int(n_empirical_estimate))
         set_(self, "num_samples", sample_shape(num_samples, self._label()))
-        set_(self, "_run", self._run_ctx)
+        # the step a sequence runs: one draw, or (num_samples) the error of _step
+        set_(self, "_run", self._draw if self.num_samples is None else self._step)
         normal = None  # (loc key, scale key) of a plain Normal head: a faster path
         if distribution_class is D.Normal and not dkw and sorted(names) == ["loc", "scale"]:
             by_name = dict(zip(names, ins))
@@ -193,10 +268,43 @@ class Probabilistic(Module):
         set_(self, "_normal", normal)
         self._check_names()
 
+    _FROZEN_HINT = "build a new Probabilistic."
+
     # ---------------------------------------------------------------- value
     @property
     def distribution_kwargs(self) -> dict[str, Any]:
         return dict(self._dist_kwargs)
+
+    @property
+    def fn(self) -> Callable[..., Any]:
+        """The distribution class (or callable) the head builds."""
+        return self._fn
+
+    @property
+    def has_params(self) -> bool:
+        return False
+
+    @property
+    def random(self) -> bool:
+        """True: a call may draw (it needs a ``key`` under ``InteractionType.RANDOM``)."""
+        return True
+
+    @property
+    def stateful(self) -> bool:
+        return False
+
+    @property
+    def out_keys_source(self) -> tuple[Key, ...]:
+        return self.out_keys
+
+    def select_out_keys(self, *keys: Key) -> Any:
+        raise TypeError(
+            f"{self._label()}.select_out_keys: select the outputs of the Sequential that "
+            "holds it instead: fd.ProbabilisticSequential(...).select_out_keys(...)."
+        )
+
+    def __rshift__(self, other: Any) -> Sequential:
+        return Sequential(self, other)
 
     def _identity(self) -> tuple:
         return (
@@ -209,17 +317,6 @@ class Probabilistic(Module):
             self.n_empirical_estimate,
             self.num_samples,
             self.composite_lp_aggregate,
-        )
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Probabilistic and self._identity() == other._identity()
-
-    def __hash__(self) -> int:
-        return hash(self._identity())
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise E.FrozenError(
-            f"Probabilistic is immutable: cannot set {name!r}; build a new Probabilistic."
         )
 
     def _label(self) -> str:
@@ -262,9 +359,9 @@ class Probabilistic(Module):
     def _dist(self, data: dict) -> D.Distribution:
         kw = dict(self._dist_kwargs)
         for k, name in zip(self.in_keys, self._names):
-            v = data.get(k, _NOPE) if type(k) is str else _get_path(data, k)
+            v = data.get(k, _NOPE) if type(k) is str else get_path(data, k)
             if v is _NOPE:
-                _missing_input(self, k, data)
+                missing_input(self, k, data)
             kw[name] = v
         dist = self._fn(**kw)
         if self._composite and isinstance(dist, CompositeDistribution):
@@ -280,7 +377,7 @@ class Probabilistic(Module):
             KeyError: a distribution parameter is missing from ``td``.
         """
         if not isinstance(td, TensorDict):
-            _bad_td(self, params, td)
+            bad_td(self, params, td)
         return self._dist(td._data)
 
     def log_prob(self, params: TensorDict | None, td: TensorDict) -> Tensor | TensorDict:
@@ -303,42 +400,34 @@ class Probabilistic(Module):
         return dist.log_prob(x)
 
     # ---------------------------------------------------------------- call
-    def __call__(
-        self,
-        params: TensorDict | None = None,
-        td: TensorDict | Tensor | None = None,
-        /,
-        *args: Tensor,
-        key: Any = None,
-        interaction: InteractionType | str | None = None,
-        **tensors: Tensor,
-    ):
-        """``m(params, td, key=None, interaction=None)`` -> new td with the value (and log-prob).
+    # __call__: _Drawing's
+    @property
+    def _sample_dims(self) -> tuple[int, ...] | None:
+        return self.num_samples
 
-        With ``num_samples``: the one-sample call vmapped over
-        ``fd.random.split(key, n)`` (every output gets the leading sample dims)."""
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors, interaction)
-        it = _resolve(interaction, self)
-        if self.num_samples is None or td is None:  # (a keyword call comes back with a td)
-            return call_td(self, params, td, key, tensors, self._run_i, it)
-        if key is not None:
-            _check_key_arg(self._label(), key)
-        return many(
-            lambda k: call_td(self, params, td, k, tensors, self._run_i, it), self.num_samples, key
-        )
+    @property
+    def _one(self) -> Any:
+        return self._draw
 
-    def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
+    def _step(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> None:
         if self.num_samples is not None:
             raise ValueError(
                 f"{self._label()}: num_samples adds leading sample dims to the whole tensordict, "
                 "which a plain fd.Sequential cannot do; call the head alone or put it in a "
                 "fd.ProbabilisticSequential."
             )
-        self._run_i(params, data, bs, key, interaction_type())
+        self._draw(params, data, bs, opts)
 
-    def _run_i(self, params: Any, data: dict, bs: torch.Size, key: Any, it: Any) -> None:
-        it = self.default_interaction_type if it is None else it
+    def _draw(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> None:
+        """One draw (the step without the ``num_samples`` check): the interaction of
+        ``opts``, else the context's (``fd.set_interaction_type``), else the default."""
+        it = key = None
+        if opts is not None:
+            it, key = opts.interaction, opts.key
+        if it is None:
+            it = interaction_type()
+            if it is None:
+                it = self.default_interaction_type
         rnd = it is InteractionType.RANDOM
         if rnd or (it is InteractionType.MEAN and key is not None):
             if key is None:
@@ -371,8 +460,8 @@ class Probabilistic(Module):
 def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool:
     """The hot path of a plain ``Normal(loc, scale)`` head; False: take the generic path."""
     k_loc, k_scale = m._normal
-    loc = data.get(k_loc) if type(k_loc) is str else _get_path(data, k_loc)
-    scale = data.get(k_scale) if type(k_scale) is str else _get_path(data, k_scale)
+    loc = data.get(k_loc) if type(k_loc) is str else get_path(data, k_loc)
+    scale = data.get(k_scale) if type(k_scale) is str else get_path(data, k_scale)
     out = normal_fast(loc, scale, key, m.return_log_prob)
     if out is None:
         return False
@@ -382,272 +471,5 @@ def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool
     return True
 
 
-def _draws(m: Probabilistic, it: InteractionType | None) -> bool:
-    it = m.default_interaction_type if it is None else it
-    return it is InteractionType.RANDOM or it is InteractionType.MEAN
-
-
 def _is_head(m: Any) -> bool:
     return type(m) is Probabilistic
-
-
-class ProbabilisticSequential(Sequential):
-    """A Sequential whose probabilistic heads draw under one interaction type and key.
-
-    Modules compute the distribution parameters; each ``Probabilistic`` head writes
-    a value. The call resolves the interaction once (``interaction=``, else
-    ``fd.set_interaction_type``, else each head's default) and hands head ``i``
-    the key ``fold_in(key, i)``. Parameters nest by position, as in Sequential.
-
-    Args:
-        *modules: Modules, Sequentials and at least one ``Probabilistic``.
-        selected_out_keys: keep only these outputs (and the inputs).
-        return_composite: what ``get_dist`` returns: True, a ``fd.CompositeDistribution``
-            over every head's sample keys; False, the last module's distribution (it
-            must be a head). Default (None): True with several heads or when the last
-            module is not a head, as tensordict.
-
-    A head with ``num_samples=n`` makes the call the one-sample call vmapped over
-    ``fd.random.split(key, n)``: every output gets the leading dim, and the other
-    random modules draw per sample too (tensordict draws the modules before the
-    head once); at most one head may set it.
-
-    Raises:
-        TypeError: no ``Probabilistic`` head among the modules; return_composite=False
-            with a last module that is not a head.
-        ValueError: several heads with ``num_samples``.
-
-    Example:
-        >>> out = policy(params, td, key=k, interaction=fd.InteractionType.RANDOM)
-        >>> dist = policy.get_dist(params, td)
-        >>> lp = policy.log_prob(params, out)
-    """
-
-    __slots__ = ("_heads", "_ns", "_psteps", "return_composite")
-
-    def __init__(
-        self,
-        *modules: Module | Sequential,
-        selected_out_keys: Sequence[Key] | None = None,
-        return_composite: bool | None = None,
-        _names: Sequence[str] | None = None,
-    ) -> None:
-        super().__init__(*modules, selected_out_keys=selected_out_keys, _names=_names)
-        heads = tuple(i for i, m in enumerate(self.modules) if _is_head(m))
-        if not heads:
-            raise TypeError(
-                "ProbabilisticSequential needs at least one fd.Probabilistic module (the head "
-                "that draws from the distribution); without one use fd.Sequential."
-            )
-        last_is_head = heads[-1] == len(self.modules) - 1
-        if return_composite is None:
-            return_composite = len(heads) > 1 or not last_is_head
-        elif not return_composite and not last_is_head:
-            raise TypeError(
-                "ProbabilisticSequential(return_composite=False): get_dist returns the last "
-                "module's distribution, but the last module is not a fd.Probabilistic; end with "
-                "the head, or use return_composite=True."
-            )
-        ns = [self.modules[i].num_samples for i in heads if self.modules[i].num_samples]
-        if len(ns) > 1:
-            raise ValueError(
-                f"{self._label()}: {len(ns)} heads set num_samples; set it on one head (the "
-                "call is the one-sample call vmapped over split keys)."
-            )
-        object.__setattr__(self, "return_composite", bool(return_composite))
-        object.__setattr__(self, "_ns", ns[0] if ns else None)
-        psteps = tuple(
-            (n, m, hp, rnd, idx, run, getattr(m, "_run_i", None))
-            for n, m, hp, rnd, idx, run in self._steps
-        )
-        object.__setattr__(self, "_heads", heads)
-        object.__setattr__(self, "_psteps", psteps)
-        object.__setattr__(self, "_run", self._run_ctx)
-
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is ProbabilisticSequential
-            and self._identity() == other._identity()
-            and self.return_composite == other.return_composite
-        )
-
-    def __hash__(self) -> int:
-        return hash(("prob", self._identity()))
-
-    def __repr__(self) -> str:
-        return "Probabilistic" + super().__repr__()
-
-    def _label(self) -> str:
-        return (
-            f"ProbabilisticSequential({len(self.modules)} modules -> {E.fmt_keys(self.out_keys)})"
-        )
-
-    def __getitem__(self, index: int | slice) -> Sequential:
-        mods = self.modules[index] if isinstance(index, slice) else (self.modules[index],)
-        names = self.names[index] if isinstance(index, slice) else (self.names[index],)
-        if not any(_is_head(m) for m in mods):
-            return Sequential(*mods, _names=names)._takes_params_of(self)
-        rc = True if self.return_composite else None  # (as tensordict's slices)
-        new = ProbabilisticSequential(*mods, return_composite=rc, _names=names)
-        return new._takes_params_of(self)
-
-    def select_out_keys(self, *keys: Key) -> ProbabilisticSequential:
-        new = ProbabilisticSequential(
-            *self.modules,
-            selected_out_keys=keys,
-            return_composite=self.return_composite,
-            _names=self.names,
-        )
-        return new._takes_params_of(self)
-
-    @property
-    def default_interaction_type(self) -> InteractionType:
-        """The ``default_interaction_type`` of the last head."""
-        return self.modules[self._heads[-1]].default_interaction_type
-
-    # ---------------------------------------------------------------- call
-    def __call__(
-        self,
-        params: TensorDict | None = None,
-        td: TensorDict | Tensor | None = None,
-        /,
-        *args: Tensor,
-        key: Any = None,
-        interaction: InteractionType | str | None = None,
-        **tensors: Tensor,
-    ):
-        """``policy(params, td, key=None, interaction=None)`` -> new td (with a head's
-        ``num_samples``: vmapped over ``fd.random.split(key, n)``)."""
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors, interaction)
-        it = _resolve(interaction, self)
-        if self._ns is not None and td is not None:
-            if key is not None:
-                _check_key_arg(self._label(), key)
-            return many(
-                lambda k: call_td(self, params, td, k, tensors, self._run_i, it), self._ns, key
-            )
-        if type(td) is TensorDict and not tensors and not _is_dynamo():
-            out = _plan.run(self, params, td, key, it)
-            if out is not None:
-                return out
-        return call_td(self, params, td, key, tensors, self._run_i, it)
-
-    def _run_ctx(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
-        if self._ns is not None:
-            raise ValueError(
-                f"{self._label()}: a head's num_samples adds leading sample dims to the whole "
-                "tensordict; call the ProbabilisticSequential itself, not through an outer "
-                "module."
-            )
-        self._run_i(params, data, bs, key, interaction_type())
-
-    def _run_i(self, params, data, bs, key, it, stop: int | None = None, dists=None) -> None:
-        """Run the modules on the working dict; ``stop``: before that position, and
-        ``dists``: collect each head's distribution (a head keeps a value already there)."""
-        pdata = params._data if type(params) is TensorDict else None
-        fold_in = None
-        for i, (name, m, has_p, rnd, idx, run, run_i) in enumerate(self._psteps):
-            if i == stop:
-                return
-            p = self._child_params(params, pdata, name, m) if has_p else None
-            k = key
-            if run_i is not None and type(m) is Probabilistic and not _draws(m, it):
-                k = None  # a head that will not draw: no key to derive
-            elif rnd and key is not None:
-                if fold_in is None:
-                    from ..random import fold_in
-                k = fold_in(key, idx)
-            if dists is not None and _is_head(m):
-                dists[i] = (m, m._dist(data), k)
-                if _has_samples(m, data) or i == stop - 1:
-                    continue
-            if run_i is not None:
-                run_i(p, data, bs, k, it)
-            else:
-                run(p, data, bs, k)
-        if stop is None and dists is None:
-            self._drop_unselected(data)
-
-    def get_dist(
-        self,
-        params: TensorDict | None,
-        td: TensorDict,
-        *,
-        key: Any = None,
-        interaction: InteractionType | str | None = None,
-    ) -> D.Distribution | CompositeDistribution:
-        """The last head's distribution (``return_composite=False``), or a
-        ``CompositeDistribution`` over every head's sample keys (True; a composite
-        head's components are merged in). Modules run as in a call; a head whose
-        sample is already in ``td`` keeps it (so later heads condition on it), else
-        draws it with ``interaction`` (and ``key`` when RANDOM).
-
-        Raises:
-            KeyError, TypeError: as a call does (missing entries, bad params).
-        """
-        it = _resolve(interaction, self)
-        if not isinstance(td, TensorDict):
-            _bad_td(self, params, td)
-        data, bs = dict(td._data), td._batch_size
-        if not self.return_composite and len(self._heads) == 1:
-            self._run_i(params, data, bs, key, it, stop=self._heads[0])
-            return self.modules[self._heads[0]]._dist(data)
-        dists: dict = {}
-        self._run_i(params, data, bs, key, it, stop=self._heads[-1] + 1, dists=dists)
-        if not self.return_composite:
-            return list(dists.values())[-1][1]  # (the last head's)
-        merged, lp_keys = {}, {}
-        for m, d, _ in dists.values():
-            if isinstance(d, CompositeDistribution):
-                merged.update(d.dists)
-                lp_keys.update(d._lp_keys)
-            else:
-                merged[m.sample_key] = d
-                if m.return_log_prob and not m.composite_lp_aggregate:
-                    lp_keys[m.sample_key] = m.log_prob_key
-        return CompositeDistribution.from_distributions(bs, merged, _lp_keys=lp_keys)
-
-    def log_prob(
-        self,
-        params: TensorDict | None,
-        td: TensorDict,
-        *,
-        key: Any = None,
-        interaction: InteractionType | str | None = None,
-        aggregate: bool | None = None,
-    ) -> Tensor | TensorDict:
-        """The log-probability of the sample(s) in ``td``: a tensor for the last head's
-        distribution; for a composite, a TensorDict of each sample's ``<key>_log_prob``
-        (the keys a call writes), or their sum with ``aggregate`` (default: the last
-        head's ``composite_lp_aggregate``). Log p of later heads is conditional on the
-        earlier samples in ``td``.
-
-        Raises:
-            KeyError: ``td`` lacks a sample to score.
-        """
-        dist = self.get_dist(params, td, key=key, interaction=interaction)
-        if isinstance(dist, CompositeDistribution):
-            last = self.modules[self._heads[-1]]
-            return dist.log_prob(
-                td, aggregate=last.composite_lp_aggregate if aggregate is None else aggregate
-            )
-        return dist.log_prob(_sample_of(self.modules[self._heads[-1]], td))
-
-
-def _has_samples(head: Probabilistic, data: dict) -> bool:
-    for k in head.sample_keys:
-        v = data.get(k, _NOPE) if type(k) is str else _get_path(data, k)
-        if v is _NOPE:
-            return False
-    return True
-
-
-def _sample_of(head: Probabilistic, td: TensorDict) -> Tensor:
-    x = td.get(head.sample_key, None)
-    if x is None:
-        raise KeyError(
-            f"{head._label()}.log_prob: the tensordict lacks the sample "
-            f"{E.fmt_key(head.sample_key)} to score; it has {E.fmt_keys(td.keys(True, True))}."
-        )
-    return x

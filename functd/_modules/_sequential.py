@@ -23,55 +23,38 @@ import torch
 
 from .. import _errors as E
 from .._td import Key, TensorDict, _is_dynamo, _new
+from ..random import fold_in
 from . import _plan
-from ._module import (
-    COLLECT,
-    STATE,
-    Module,
-    _Tensor,
-    apply_with_state,
-    as_keys,
-    call_td,
-    positional_call,
-)
+from ._call import ModuleKind, Options, call_td, options, positional_call
+from ._keys import as_keys
+from ._plan import _early_drops
 
-__all__ = ["Sequential"]
+__all__ = ["SequenceKind", "Sequential"]
+
+_Tensor = torch.Tensor
 
 
-def _early_drops(modules: Sequence[Any], drop: tuple) -> list[tuple[str, ...]]:
-    """Per module: the unselected str keys to delete right after it runs (the last
-    module that writes or reads them). Freeing intermediates early keeps the peak
-    memory of a selected chain at that of the plain function (and on CPU avoids
-    fresh pages for every call)."""
-    last: dict = {}
-    for i, m in enumerate(modules):
-        for k in (*m.in_keys, *m.out_keys):
-            if type(k) is str and k in drop:
-                last[k] = i
-    out: list[list[str]] = [[] for _ in modules]
-    for k, i in last.items():
-        out[i].append(k)
-    return [tuple(ks) for ks in out]
-
-
-def _flatten(modules: Sequence[Any]) -> list[Module | Sequential]:
+def _flatten(modules: Sequence[Any]) -> list[ModuleKind]:
     flat: list = []
     for i, m in enumerate(modules):
-        if isinstance(m, Sequential) and m.selected_out_keys is None:
-            flat.extend(m.modules)
-        elif isinstance(m, Module | Sequential):
+        spliced = m._splice() if isinstance(m, ModuleKind) else None
+        if spliced is not None:
+            flat.extend(c for _, c in spliced)
+        elif isinstance(m, ModuleKind):
             flat.append(m)
         else:
             raise TypeError(
-                f"Sequential: argument {i} is a {type(m).__name__}; Sequential chains fd.Module "
-                "and fd.Sequential. Wrap functions and torch modules with "
-                "fd.Module(fn, in_keys=[...], out_keys=[...])."
+                f"Sequential: argument {i} is a {type(m).__name__}; Sequential chains modules "
+                "(fd.Module, fd.Sequential, fd.Probabilistic, ...). Wrap functions and torch "
+                "modules with fd.Module(fn, in_keys=[...], out_keys=[...])."
             )
     return flat
 
 
-class Sequential:
-    """Compose modules; ``selected_out_keys`` keeps only those outputs (plus the inputs).
+class SequenceKind(ModuleKind):
+    """What every sequence kind shares (``fd.Sequential``, ``fd.ProbabilisticSequential``):
+    children run in turn on one working dict (the one child loop, ``_each_child``),
+    params nest by position, outputs may be selected.
 
     Attributes:
         modules: the flattened tuple of modules.
@@ -79,7 +62,7 @@ class Sequential:
         out_keys: keys written (or the selected ones), in order of first write.
 
     Raises:
-        TypeError: an argument is not a Module or Sequential.
+        TypeError: an argument is not a module.
         KeyError: a selected key is written by no module.
     """
 
@@ -103,7 +86,7 @@ class Sequential:
 
     def __init__(
         self,
-        *modules: Module | Sequential,
+        *modules: ModuleKind,
         selected_out_keys: Sequence[Key] | None = None,
         _names: Sequence[str] | None = None,
     ) -> None:
@@ -140,15 +123,20 @@ class Sequential:
             tuple(k for k in outs if sel is not None and k not in sel and k not in ins),
         )
         set_(self, "_random", any(m.random for m in flat))
-        steps = tuple((n, m, m.has_params, m.random, int(n), m._run) for n, m in zip(names, flat))
+        runs = [self._child_run(m) for m in flat]
+        steps = tuple(
+            (n, m, m.has_params, m.random, int(n), r) for n, m, r in zip(names, flat, runs)
+        )
         set_(self, "_steps", steps)
         early = _early_drops(flat, self._drop)
         set_(
             self,
             "_plain",
-            tuple((n if m.has_params else None, m._run, d) for n, m, d in zip(names, flat, early)),
+            tuple(
+                (n if m.has_params else None, r, d) for n, m, r, d in zip(names, flat, runs, early)
+            ),
         )
-        set_(self, "_stateful", any(getattr(m, "stateful", False) for m in flat))
+        set_(self, "_stateful", any(m.stateful for m in flat))
         set_(self, "_plans", {})  # layout -> straight-line plan (_plan.py), bounded
         set_(self, "_run", self._stateful_step if self._stateful else self._step)
         # the params entries a call accepts: its own children's, or (a slice, given
@@ -157,7 +145,11 @@ class Sequential:
         set_(self, "_param_names", own if _names is None else None)
         set_(self, "_nparams", len(own) if _names is None else sys.maxsize)
 
-    def _takes_params_of(self, other: Sequential) -> Sequential:
+    def _child_run(self, m: ModuleKind) -> Any:
+        """The step this sequence runs for child ``m`` (its ``_run``)."""
+        return m._run
+
+    def _takes_params_of(self, other: SequenceKind) -> SequenceKind:
         """Accept the params entries ``other`` accepts (a slice takes the whole
         model's params); returns ``self``."""
         names = other._param_names
@@ -184,25 +176,33 @@ class Sequential:
     def _identity(self) -> tuple:
         return (self.modules, self.names, self.selected_out_keys)
 
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Sequential and self._identity() == other._identity()
+    # ---------------------------------------------------------------- protocol
+    def children(self) -> tuple[tuple[str, ModuleKind], ...]:
+        return tuple(zip(self.names, self.modules))
 
-    def __hash__(self) -> int:
-        return hash(self._identity())
+    def _rebuild(self, modules: Sequence[ModuleKind], selected: Any, names: Any) -> SequenceKind:
+        """The same kind over other modules (a subclass adds its own arguments)."""
+        return type(self)(*modules, selected_out_keys=selected, _names=names)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise E.FrozenError(
-            f"Sequential is immutable: cannot set {name!r}. select_out_keys(...) and "
-            "indexing return new Sequentials."
-        )
+    def with_children(self, children: Sequence[ModuleKind]) -> SequenceKind:
+        if len(children) != len(self.modules):
+            raise ValueError(
+                f"{self._label()}.with_children: {len(children)} children for "
+                f"{len(self.modules)} positions."
+            )
+        new = self._rebuild(children, self.selected_out_keys, self.names)
+        return new._takes_params_of(self)  # the same params entries are accepted
+
+    def _splice(self) -> tuple[tuple[str, ModuleKind], ...] | None:
+        return self.children() if self.selected_out_keys is None else None
 
     def __len__(self) -> int:
         return len(self.modules)
 
-    def __iter__(self) -> Iterator[Module | Sequential]:
+    def __iter__(self) -> Iterator[ModuleKind]:
         return iter(self.modules)
 
-    def __getitem__(self, index: int | slice) -> Sequential:
+    def __getitem__(self, index: int | slice) -> SequenceKind:
         """A Sequential of the chosen module(s) whose params layout matches: it takes
         the full params (the entries keep their names)."""
         if isinstance(index, slice):
@@ -223,14 +223,13 @@ class Sequential:
         )
         return f"Sequential(\n{body}{sel})"
 
-    def select_out_keys(self, *keys: Key) -> Sequential:
+    def select_out_keys(self, *keys: Key) -> SequenceKind:
         """A new Sequential that keeps only ``keys`` of the outputs (the inputs stay).
 
         Raises:
             KeyError: a key is written by no module.
         """
-        new = Sequential(*self.modules, selected_out_keys=keys, _names=self.names)
-        return new._takes_params_of(self)
+        return self._rebuild(self.modules, keys, self.names)._takes_params_of(self)
 
     def select_subsequence(
         self, in_keys: Sequence[Key] | None = None, out_keys: Sequence[Key] | None = None
@@ -262,7 +261,7 @@ class Sequential:
         mods = list(self.modules)
         keep = set(range(len(mods)))
         for i, m in enumerate(mods):
-            if isinstance(m, Sequential):
+            if isinstance(m, SequenceKind):
                 try:
                     m = mods[i] = _nested_subsequence(m, in_keys=list(ins))
                 except ValueError:
@@ -277,7 +276,7 @@ class Sequential:
                 continue
             m = mods[i]
             if any(k in outs for k in m.out_keys):
-                if isinstance(m, Sequential):
+                if isinstance(m, SequenceKind):
                     m = mods[i] = _nested_subsequence(m, out_keys=list(outs))
                 outs.extend(m.in_keys)
             else:
@@ -299,15 +298,7 @@ class Sequential:
     # ---------------------------------------------------------------- params
     def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
         """Fresh parameters nested by position; module ``i`` gets ``fold_in(key, i)``."""
-        from ..nn import as_key
-        from ..random import fold_in
-
-        key = as_key(key)
-        data = {}
-        for name, m, has_p, _, idx, _ in self._steps:
-            if has_p:
-                data[name] = m.init(fold_in(key, idx), dtype=dtype, device=device)
-        return _new(data, torch.Size([]))
+        return super().init(key, dtype=dtype, device=device)
 
     # ---------------------------------------------------------------- call
     def __call__(
@@ -323,19 +314,24 @@ class Sequential:
         ``seq(params, x, h)``: tensors in ``in_keys`` order (positional dispatch)."""
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
             return positional_call(self, params, (td, *args), key, tensors)
+        opts = None if key is None else Options(key)
         if type(td) is TensorDict and not tensors and not _is_dynamo():
             data, bs = td._data, td._batch_size  # the plan of td's layout (_plan.run, inlined)
             plan = self._plans.get(
                 (tuple(data), len(bs), key is None and type(params) is TensorDict)
             )
             out = (
-                plan(params, data, bs, key, None)
+                plan(params, data, bs, opts)
                 if plan is not None
-                else _plan.run(self, params, td, key)
+                else _plan.run(self, params, td, opts)
             )
             if out is not None:
                 return out
-        return call_td(self, params, td, key, tensors, self._run)
+        return call_td(self, params, td, key, tensors, self._run, opts)
+
+    def _call_options(self, key: Any, interaction: Any) -> Options | None:
+        """The options of a call with these arguments (``_plan.reference``)."""
+        return options(key)
 
     def apply_with_state(
         self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
@@ -351,51 +347,59 @@ class Sequential:
             >>> out, new_state = seq.apply_with_state(params, td)
             >>> params = fd.nn.update_state(params, new_state)
         """
-        return apply_with_state(self, params, td, key)
+        return super().apply_with_state(params, td, key=key)
 
-    def _stateful_step(self, params: Any, data: dict, bs: torch.Size, key: Any) -> None:
-        """``_step`` that collects the children's new state under their names."""
-        collect = data.pop(STATE, None) is COLLECT
-        states = self._each_child(params, data, bs, key, collect)
+    def _stateful_step(
+        self, params: Any, data: dict, bs: torch.Size, opts: Options | None
+    ) -> TensorDict | None:
+        """``_step`` of a Sequential with a stateful child: only under ``apply_with_state``."""
+        if opts is None or not opts.collect:
+            name, m = next((n, m) for n, m in self.children() if m.stateful)
+            what = f"module {name} ({m._label()})"
+            raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what=what))
+        states = self._each_child(params, data, bs, opts)
         self._drop_unselected(data)
-        if collect:
-            data[STATE] = _new(states, torch.Size([]))
+        return _new(states, torch.Size([]))
 
     def _each_child(
-        self, params: Any, data: dict, bs: torch.Size, key: Any, collect: bool | None = None
+        self,
+        params: Any,
+        data: dict,
+        bs: torch.Size,
+        opts: Options | None,
+        stop: int | None = None,
+        visit: Any = None,
     ) -> dict:
-        """Run the children in turn on the general path (keys, missing params, and,
-        when ``collect`` is not None, the new state of stateful children by name)."""
+        """The child loop: run the children in turn on the working dict (child ``i`` gets
+        ``fold_in(key, i)`` when random), checking their params; returns the new
+        running statistics they return, by name. ``stop``: before that position;
+        ``visit(i, child, data, opts)`` is asked first and True skips the child."""
         pdata = params._data if type(params) is TensorDict else None
+        key = None if opts is None else opts.key
         states = {}
-        for name, m, has_p, rnd, idx, run in self._steps:
+        for i, (name, m, has_p, rnd, idx, run) in enumerate(self._steps):
+            if i == stop:
+                break
             p = self._child_params(params, pdata, name, m) if has_p else None
-            if rnd and key is not None:
-                from ..random import fold_in
-
-                k = fold_in(key, idx)
-            else:
-                k = key
-            if collect is not None and getattr(m, "stateful", False):
-                if not collect:
-                    what = f"module {name} ({m._label()})"
-                    raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what=what))
-                data[STATE] = COLLECT
-                run(p, data, bs, k)
-                states[name] = data.pop(STATE)
-            else:
-                run(p, data, bs, k)
+            o = opts.with_key(fold_in(key, idx)) if rnd and key is not None else opts
+            if visit is not None and visit(i, m, data, o):
+                continue
+            s = run(p, data, bs, o)
+            if s is not None:
+                states[name] = s
         return states
 
     def _label(self) -> str:
-        return f"Sequential({len(self.modules)} modules -> {E.fmt_keys(self.out_keys)})"
+        return f"{type(self).__name__}({len(self.modules)} modules -> {E.fmt_keys(self.out_keys)})"
 
-    def _step(self, params: TensorDict | None, data: dict, bs: torch.Size, key: Any) -> None:
+    def _step(
+        self, params: TensorDict | None, data: dict, bs: torch.Size, opts: Options | None
+    ) -> TensorDict | None:
         pdata = params._data if type(params) is TensorDict else None
         if pdata is not None and len(pdata) > self._nparams:
             self._extra_params(params)
-        if key is None and pdata is not None:
-            try:  # the hot path: no key, params given
+        if opts is None and pdata is not None:
+            try:  # the hot path: default options, params given
                 for name, run, drop in self._plain:
                     run(None if name is None else pdata[name], data, bs, None)
                     if drop:  # intermediates no later module reads: free them now
@@ -407,9 +411,10 @@ class Sequential:
                         self._bad_params(params, name, m)
                 raise
             self._drop_unselected(data)
-            return
-        self._each_child(params, data, bs, key)
+            return None
+        states = self._each_child(params, data, bs, opts)
         self._drop_unselected(data)
+        return _new(states, torch.Size([])) if states else None
 
     def _child_params(self, params: Any, pdata: dict | None, name: str, m: Any) -> TensorDict:
         """The params of child ``name`` (which has some); a clear error when absent."""
@@ -455,11 +460,28 @@ class Sequential:
         )
 
 
+class Sequential(SequenceKind):
+    """Compose modules; ``selected_out_keys`` keeps only those outputs (plus the inputs).
+
+    Attributes:
+        modules: the flattened tuple of modules.
+        in_keys: keys read before any module writes them.
+        out_keys: keys written (or the selected ones), in order of first write.
+
+    Raises:
+        TypeError: an argument is not a module (``fd.Module``, ``fd.Sequential``, ...).
+        KeyError: a selected key is written by no module.
+    """
+
+    __slots__ = ()
+    _FROZEN_HINT = "select_out_keys(...) and indexing return new Sequentials."
+
+
 def _by_position(name: str) -> tuple:
     return (0, int(name), "") if name.isdigit() else (1, 0, name)
 
 
-def _nested_subsequence(m: Sequential, **keys: Any) -> Sequential:
+def _nested_subsequence(m: SequenceKind, **keys: Any) -> SequenceKind:
     """``m.select_subsequence(**keys)`` for a nested Sequential (one that selects its
     outputs, else it would have been flattened): its selection is kept where its
     outputs remain, so it stays one nested child."""
@@ -468,5 +490,4 @@ def _nested_subsequence(m: Sequential, **keys: Any) -> Sequential:
     if sel is None:
         return sub
     kept = [k for k in sel if k in sub._all_out]
-    new = type(sub)(*sub.modules, selected_out_keys=kept, _names=sub.names)
-    return new._takes_params_of(m)
+    return sub._rebuild(sub.modules, kept, sub.names)._takes_params_of(m)

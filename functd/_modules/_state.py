@@ -30,8 +30,17 @@ from ..nn._base import Layer
 from ..nn._chain import Chain
 from ..nn._dropout import Dropout
 from ..nn._lower import FunctionalCall
+from ._call import ModuleKind
 
-__all__ = ["buffer_paths", "eval_mode", "merge_state", "split_state", "train_mode", "update_state"]
+__all__ = [
+    "buffer_paths",
+    "eval_mode",
+    "layer_with_training",
+    "merge_state",
+    "split_state",
+    "train_mode",
+    "update_state",
+]
 
 Path = tuple[str, ...]
 
@@ -40,8 +49,9 @@ def buffer_paths(module: Any) -> tuple[Path, ...]:
     """Paths of the entries of a module's params that are buffers (running statistics).
 
     Args:
-        module: an ``fd.Module``, ``fd.Sequential``, a functd layer or a
-            ``torch.nn.Module`` (its ``named_buffers``).
+        module: a module of any kind (``fd.Module``, ``fd.Sequential``, ...: its
+            ``own_buffer_paths()`` and its children's, nested under their names),
+            a functd layer or a ``torch.nn.Module`` (its ``named_buffers``).
 
     Raises:
         TypeError: ``module`` is none of these.
@@ -50,24 +60,19 @@ def buffer_paths(module: Any) -> tuple[Path, ...]:
         >>> buffer_paths(fd.nn.BatchNorm1d(3))
         (('running_mean',), ('running_var',), ('num_batches_tracked',))
     """
-    from ._module import Module
-    from ._sequential import Sequential
-
-    if isinstance(module, Layer):
-        return module.buffer_paths()
-    if isinstance(module, Module):
-        return module.fn.buffer_paths() if isinstance(module.fn, Layer) else ()
-    if isinstance(module, Sequential):
-        return tuple(
+    if isinstance(module, ModuleKind):
+        return module.own_buffer_paths() + tuple(
             (name, *path)
-            for name, m in zip(module.names, module.modules)
+            for name, m in module.children()
             if m.has_params
             for path in buffer_paths(m)
         )
+    if isinstance(module, Layer):
+        return module.buffer_paths()
     if isinstance(module, torch.nn.Module):
         return tuple(tuple(name.split(".")) for name, _ in module.named_buffers())
     raise TypeError(
-        f"buffer_paths(module): expected an fd.Module, fd.Sequential, functd layer or "
+        f"buffer_paths(module): expected a module (fd.Module, fd.Sequential, ...), functd layer or "
         f"torch.nn.Module; got a {type(module).__name__}."
     )
 
@@ -169,6 +174,7 @@ def eval_mode(module: Any) -> Any:
 
     Returns a new module (or layer); ``module`` is unchanged. The params are
     the same. Torch modules run through ``FunctionalCall`` are switched too.
+    Each module kind switches itself (``with_training``).
 
     Raises:
         TypeError: ``module`` is not an fd.Module, fd.Sequential or functd layer.
@@ -191,32 +197,22 @@ def train_mode(module: Any) -> Any:
 
 # ------------------------------------------------------------------ helpers
 def _set_mode(obj: Any, training: bool) -> Any:
-    from ._module import Module
-    from ._sequential import Sequential
+    if isinstance(obj, ModuleKind):
+        return obj.with_training(training)
+    if isinstance(obj, Layer):
+        return layer_with_training(obj, training)
+    raise TypeError(
+        f"{'train' if training else 'eval'}_mode(module): expected an fd.Module, fd.Sequential or "
+        f"functd layer; got a {type(obj).__name__}."
+    )
 
-    if isinstance(obj, Sequential):  # ProbabilisticSequential too: rebuilt as its own type
-        mods = [_set_mode(m, training) for m in obj.modules]
-        if all(a is b for a, b in zip(mods, obj.modules)):
-            return obj
-        new = type(obj)(*mods, selected_out_keys=obj.selected_out_keys, _names=obj.names)
-        return new._takes_params_of(obj)  # the same params entries are accepted
-    if isinstance(obj, Module) and type(obj) is not Module:
-        return obj  # a probabilistic head: no training mode (its interaction type decides)
-    if type(obj) is Module:
-        fn = _set_mode(obj.fn, training) if isinstance(obj.fn, Layer) else obj.fn
-        if fn is obj.fn:
-            return obj
-        if obj._kwargs:  # {argument: td_key}: one td key may feed several arguments
-            ins = dict(zip(obj._kwargs, obj.in_keys))
-            new = Module(fn, ins, list(obj.out_keys_source), out_to_in_map=True)
-        else:
-            new = Module(fn, list(obj.in_keys), list(obj.out_keys_source))
-        if new.out_keys != obj.out_keys:
-            new = new.select_out_keys(*obj.out_keys)
-        object.__setattr__(new, "_source", obj._source)  # from_module still reads its weights
-        return new
+
+def layer_with_training(obj: Layer, training: bool) -> Layer:
+    """A functd layer switched to training or eval mode (``self`` when unchanged):
+    the layers of a ``Chain``, Dropout's ``inference``, a ``FunctionalCall``'s torch
+    module (a meta copy), a ``training`` field."""
     if isinstance(obj, Chain):
-        layers = tuple(_set_mode(layer, training) for layer in obj.layers)
+        layers = tuple(layer_with_training(layer, training) for layer in obj.layers)
         same = all(a is b for a, b in zip(layers, obj.layers))
         return obj if same else dataclasses.replace(obj, layers=layers)
     if isinstance(obj, Dropout):
@@ -227,15 +223,10 @@ def _set_mode(obj: Any, training: bool) -> Any:
         if all(m.training == training for m in obj.module.modules()):
             return obj
         return FunctionalCall(copy.deepcopy(obj.module).train(training))  # a meta copy
-    if isinstance(obj, Layer):
-        fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else ()
-        if "training" in fields and obj.training != training:
-            return dataclasses.replace(obj, training=training)
-        return obj
-    raise TypeError(
-        f"{'train' if training else 'eval'}_mode(module): expected an fd.Module, fd.Sequential or "
-        f"functd layer; got a {type(obj).__name__}."
-    )
+    fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else ()
+    if "training" in fields and obj.training != training:
+        return dataclasses.replace(obj, training=training)
+    return obj
 
 
 def _path(key: Any) -> Path:

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from .. import random as fr
 from .._td import TensorDict
+from ..random import as_key as as_key  # (defined with the PRNG; re-exported here)
 
 __all__ = [
     "Layer",
@@ -49,26 +50,6 @@ class ParamSpec(NamedTuple):
 
     shape: tuple[int, ...]
     initializer: Initializer
-
-
-def as_key(key: int | Tensor) -> Tensor:
-    """Return a PRNG key: a Python int seed becomes ``functd.random.key(seed)``.
-
-    Raises:
-        TypeError: ``key`` is neither an int nor a tensor.
-
-    Example:
-        >>> as_key(0)
-        tensor([0, 0], dtype=torch.int32)
-    """
-    if isinstance(key, Tensor):
-        return key
-    if isinstance(key, int) and not isinstance(key, bool):
-        return fr.key(key)
-    raise TypeError(
-        f"expected a PRNG key (a tensor made by functd.random.key(seed)) or an int seed; "
-        f"got a {type(key).__name__}. Example: layer.init(functd.random.key(0))."
-    )
 
 
 # --------------------------------------------------------------- initializers

@@ -1,0 +1,381 @@
+"""The calling protocol every module kind implements, and the frozen base they share.
+
+A module kind (``fd.Module``, ``fd.Sequential``, ``fd.Probabilistic``,
+``fd.ProbabilisticSequential``, or one of your own) is a frozen, hashable value
+that subclasses ``ModuleKind`` and answers for itself:
+
+- ``children()``: its named sub-modules (``()`` for a leaf), and
+  ``with_children(new)``: the same kind rebuilt around new children;
+- ``_step(params, data, batch_size, opts)``: run once on the working ``dict``
+  ``data`` (the entries of the td being built), given the call options ``opts``
+  (an ``Options``: the PRNG key, the interaction type, whether new running
+  statistics are collected; ``None`` means all defaults). It writes its outputs
+  into ``data`` and returns its new running statistics when ``opts.collect``
+  asks for them (else None);
+- ``with_training(flag)``: its own mode switch (``fd.nn.eval_mode`` calls it);
+  the default rebuilds the children switched;
+- ``own_buffer_paths()`` and ``torch_source()``: the running statistics and the
+  torch module it holds itself (``fd.nn.split_state``, ``fd.from_module``).
+
+Everything generic (``fd.nn.eval_mode``, ``split_state``, ``from_module``, a
+Sequential's child loop, ``apply_with_state``, the keyword and positional call
+forms) goes through these methods only: no isinstance ladder over the kinds.
+
+Example:
+    >>> class Twice(ModuleKind):            # a user-defined kind with one child
+    ...     __slots__ = ("inner", "in_keys", "out_keys")
+    ...     def __init__(self, inner):
+    ...         object.__setattr__(self, "inner", inner)
+    ...         object.__setattr__(self, "in_keys", inner.in_keys)
+    ...         object.__setattr__(self, "out_keys", inner.out_keys)
+    ...     def _identity(self): return (self.inner,)
+    ...     def children(self): return (("inner", self.inner),)
+    ...     def with_children(self, new): return Twice(*new)
+    ...     def _step(self, params, data, bs, opts):  # the child's step, twice
+    ...         p = params["inner"] if self.inner.has_params else None
+    ...         self.inner._run(p, data, bs, opts)
+    ...         return self.inner._run(p, data, bs, opts)
+    >>> twice = Twice(fd.Module(lambda x: x + 1, ["x"], ["x"]))
+    >>> twice(None, x=torch.zeros(2))
+    tensor([2., 2.])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import _errors as E
+from .._td import Key, TensorDict, _new
+from ..random import as_key, fold_in
+from ._keys import key_diff
+
+__all__ = ["ModuleKind", "Options", "call_td", "positional_call"]
+
+_NOPE = object()
+_Tensor = torch.Tensor
+_EMPTY = None
+
+
+def _empty_params() -> TensorDict:
+    global _EMPTY
+    if _EMPTY is None:
+        _EMPTY = _new({}, torch.Size([]))
+    return _EMPTY
+
+
+class Options:
+    """The options of one call, handed to every ``_step``: ``key`` (a PRNG key or
+    None), ``interaction`` (an ``fd.InteractionType`` or None: only the
+    probabilistic kinds read it), ``collect`` (True under ``apply_with_state``:
+    stateful steps return their new running statistics)."""
+
+    __slots__ = ("collect", "interaction", "key")
+
+    def __init__(self, key: Any = None, interaction: Any = None, collect: bool = False) -> None:
+        self.key, self.interaction, self.collect = key, interaction, collect
+
+    def with_key(self, key: Any) -> Options:
+        """The same options with another key (a child's ``fold_in(key, i)``)."""
+        return Options(key, self.interaction, self.collect)
+
+    def __repr__(self) -> str:
+        return (
+            f"Options(key={self.key!r}, interaction={self.interaction!r}, collect={self.collect})"
+        )
+
+
+def options(key: Any = None, interaction: Any = None, collect: bool = False) -> Options | None:
+    """``Options(...)``, or None (the defaults) when every field is unset."""
+    if key is None and interaction is None and not collect:
+        return None
+    return Options(key, interaction, collect)
+
+
+class Frozen:
+    """Value semantics for frozen classes: equal and hashed by ``(type, _identity())``;
+    any attribute assignment raises ``FrozenError`` (with the class's ``_FROZEN_HINT``)."""
+
+    __slots__ = ()
+    _FROZEN_HINT = "build a new one instead."
+
+    def _identity(self) -> tuple:
+        raise NotImplementedError
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._identity() == other._identity()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._identity()))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise E.FrozenError(
+            f"{type(self).__name__} is immutable: cannot set {name!r}; {self._FROZEN_HINT}"
+        )
+
+
+Path = tuple[str, ...]
+
+
+class ModuleKind(Frozen):
+    """The calling protocol (see the module docstring). A subclass sets ``in_keys``
+    and ``out_keys`` and implements ``_identity`` and ``_step``; the rest has defaults
+    for a kind that holds children and no parameters of its own."""
+
+    __slots__ = ()
+    in_keys: tuple[Key, ...]
+    out_keys: tuple[Key, ...]
+
+    # ------------------------------------------------------------ structure
+    def children(self) -> tuple[tuple[str, ModuleKind], ...]:
+        """``((name, child), ...)``: the sub-modules, whose params nest under ``name``."""
+        return ()
+
+    def with_children(self, children: Sequence[ModuleKind]) -> ModuleKind:
+        """The same kind around ``children`` (in the order of ``children()``)."""
+        if children:
+            raise TypeError(f"{self._label()} has no children to replace.")
+        return self
+
+    def with_training(self, flag: bool) -> ModuleKind:
+        """The same module in training (``flag=True``) or eval mode; the default
+        switches the children."""
+        kids = self.children()
+        new = [c.with_training(flag) for _, c in kids]
+        if all(a is b for a, (_, b) in zip(new, kids)):
+            return self
+        return self.with_children(new)
+
+    def own_buffer_paths(self) -> tuple[Path, ...]:
+        """Paths (in this kind's own params) of the running statistics it holds itself."""
+        return ()
+
+    def torch_source(self) -> torch.nn.Module | None:
+        """The torch module whose weights this kind holds itself, if any."""
+        return None
+
+    def _inline(self) -> bool:
+        """Whether a Sequential's plan may write this step out (only a plain Module)."""
+        return False
+
+    def _splice(self) -> tuple[tuple[str, ModuleKind], ...] | None:
+        """The children a Sequential splices in place of this module (a Sequential
+        without a selection), or None: it stays one child."""
+        return None
+
+    # ------------------------------------------------------------ traits
+    @property
+    def has_params(self) -> bool:
+        return any(c.has_params for _, c in self.children())
+
+    @property
+    def random(self) -> bool:
+        """True when a call needs a PRNG ``key``."""
+        return any(c.random for _, c in self.children())
+
+    @property
+    def stateful(self) -> bool:
+        """True when a call computes new running statistics (``apply_with_state``)."""
+        return any(c.stateful for _, c in self.children())
+
+    def _label(self) -> str:
+        return f"{type(self).__name__}(-> {E.fmt_keys(self.out_keys)})"
+
+    # ------------------------------------------------------------ params
+    def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
+        """Fresh parameters nested by child name; child ``name`` gets
+        ``fold_in(key, i)`` (``i = int(name)`` for a position, else its index)."""
+        key = as_key(key)
+        data = {}
+        for i, (name, c) in enumerate(self.children()):
+            if c.has_params:
+                idx = int(name) if name.isdigit() else i
+                data[name] = c.init(fold_in(key, idx), dtype=dtype, device=device)
+        return _new(data, torch.Size([]))
+
+    # ------------------------------------------------------------ call
+    @property
+    def _run(self):
+        """The function a call runs: ``_step`` (kinds may store a faster one)."""
+        return self._step
+
+    def _step(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement _step")
+
+    def __call__(
+        self,
+        params: TensorDict | None = None,
+        td: TensorDict | torch.Tensor | None = None,
+        /,
+        *args: torch.Tensor,
+        key: Any = None,
+        **tensors: torch.Tensor,
+    ):
+        """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``.
+
+        ``m(params, x, h)``: tensors in ``in_keys`` order (tensordict's positional
+        dispatch, after the params), the rest by keyword; returns the out tensors.
+        """
+        if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
+            return positional_call(self, params, (td, *args), key, tensors)
+        opts = None if key is None else Options(key)
+        return call_td(self, params, td, key, tensors, self._run, opts)
+
+    def apply_with_state(
+        self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
+    ) -> tuple[TensorDict, TensorDict]:
+        """``m(params, td)`` that also returns the new running statistics.
+
+        Returns:
+            ``(out, new_state)``: ``new_state`` holds the new statistics of the
+            stateful layers (BatchNorm in training mode), laid out like their
+            entries in ``params`` (empty when there are none). Apply them with
+            ``fd.nn.update_state(params, new_state)``. Nothing is written.
+
+        Example:
+            >>> bn = fd.Module(nn.BatchNorm1d(3), in_keys=["x"], out_keys=["y"])
+            >>> params = fd.from_module(bn)
+            >>> out, new_state = bn.apply_with_state(params, td)
+            >>> params = fd.nn.update_state(params, new_state)
+        """
+        return apply_with_state(self, params, td, Options(key, None, True))
+
+
+# ---------------------------------------------------------------- shared call bodies
+def call_td(
+    m: Any, params: Any, td: Any, key: Any, tensors: dict, run: Any, opts: Any, call_kw=None
+):
+    """The body every kind's ``__call__`` shares: the keyword form ``m(params, x=x)``,
+    the argument checks, then ``run(params, data, batch_size, opts)`` on a working
+    copy of the td's entries, which becomes the new td."""
+    if td is None:
+        return keyword_call(m, params, key, tensors, call_kw)
+    if tensors:
+        raise TypeError(f"{m._label()}: pass either a TensorDict or keyword tensors, not both.")
+    if not isinstance(td, TensorDict):
+        bad_td(m, params, td)
+    data = dict(td._data)
+    run(params, data, td._batch_size, opts)
+    return _new(data, td._batch_size)
+
+
+def apply_with_state(m: Any, params: Any, td: Any, opts: Options) -> tuple[TensorDict, TensorDict]:
+    """``m(params, td)`` returning ``(out, new_state)``; ``opts.collect`` is True."""
+    if not isinstance(td, TensorDict):
+        bad_td(m, params, td)
+    data = dict(td._data)
+    state = m._run(params, data, td._batch_size, opts)
+    if state is None:
+        state = _new({}, torch.Size([]))
+    return _new(data, td._batch_size), state
+
+
+def _kwarg_name(key: Key) -> str:
+    return key if isinstance(key, str) else "_".join(key)
+
+
+def keyword_call(m: Any, params: Any, key: Any, tensors: dict, call_kw: dict | None = None):
+    """``m(params, x=x)``: build the td from keyword tensors, return the out tensors.
+    ``call_kw``: the kind's own call keywords, passed back unread (``interaction=``)."""
+    if not tensors:
+        if isinstance(params, TensorDict):
+            raise TypeError(
+                f"{m._label()} takes (params, td); got one TensorDict. Call m(params, td); a "
+                "module without parameters takes m(None, td)."
+            )
+        hint = ""
+        if isinstance(params, _Tensor):
+            hint = " The params come first: m(None, x) for a module without parameters."
+        raise TypeError(
+            f"{m._label()} takes (params, td), (params, *tensors) or (params, **tensors); "
+            f"got no data.{hint}"
+        )
+    names = {_kwarg_name(k): k for k in m.in_keys}
+    missing, unknown = key_diff(names, tensors)
+    if unknown or missing:
+        raise TypeError(
+            f"{m._label()}: keyword call got unknown name(s) {unknown or '(none)'} and lacks "
+            f"{missing or '(none)'}; it takes {list(names)}."
+        )
+    td = TensorDict({}, [])
+    for n, v in tensors.items():
+        td = td.set(names[n], v)
+    out = m(params, td, key=key, **(call_kw or {}))
+    vals = tuple(out.get(k) for k in m.out_keys)
+    return vals[0] if len(vals) == 1 else vals
+
+
+def positional_call(
+    m: Any, params: Any, args: tuple, key: Any, tensors: dict, call_kw: dict | None = None
+):
+    """``m(params, x, h)``: tensors in ``m.in_keys`` order after the params (tensordict's
+    positional dispatch), the remaining in_keys by keyword; returns the out tensors."""
+    ins = m.in_keys
+    if isinstance(args[0], TensorDict):
+        raise TypeError(
+            f"{m._label()}: m(params, td) takes no further positional arguments; got "
+            f"{len(args) - 1} more. Call m(params, td) or m(params, *tensors)."
+        )
+    if len(args) > len(ins):
+        raise TypeError(
+            f"{m._label()}: got {len(args)} positional tensors but in_keys has {len(ins)} "
+            f"({E.fmt_keys(ins)}); pass one tensor per in_key, in this order."
+        )
+    named = {}
+    for k, v in zip(ins, args):
+        name = _kwarg_name(k)
+        if not isinstance(v, _Tensor):
+            raise TypeError(
+                f"{m._label()}: positional input {E.fmt_key(k)} is a {type(v).__name__}, not a "
+                "tensor. Call m(params, td) with a TensorDict, or m(params, *tensors)."
+            )
+        if name in tensors:
+            raise TypeError(
+                f"{m._label()}: {E.fmt_key(k)} is given both positionally and as {name}=."
+            )
+        named[name] = v
+    named.update(tensors)
+    return keyword_call(m, params, key, named, call_kw)
+
+
+# ---------------------------------------------------------------- shared errors
+def get_path(data: dict, key: tuple) -> Any:
+    """The entry at a nested ``key`` of a working dict, or ``_NOPE``."""
+    v = data.get(key[0], _NOPE)
+    for part in key[1:]:
+        if type(v) is not TensorDict:
+            return _NOPE
+        v = v._data.get(part, _NOPE)
+    return v
+
+
+def missing_input(m: Any, key: Key, data: dict):
+    out = []
+    for k, v in data.items():
+        if type(v) is TensorDict:
+            out.extend((k, *(sk if isinstance(sk, tuple) else (sk,))) for sk in v.keys(True, True))
+        else:
+            out.append(k)
+    raise KeyError(
+        f"{m._label()} reads {E.fmt_key(key)}, which the tensordict lacks; it has: "
+        f"{E.fmt_keys(out)}"
+    )
+
+
+def bad_td(m: Any, params: Any, td: Any):
+    if isinstance(params, TensorDict) and td is None:
+        raise TypeError(f"{m._label()} takes (params, td); got one TensorDict.")
+    raise TypeError(
+        f"{m._label()}: the second argument must be a TensorDict, got {type(td).__name__}. "
+        "Call m(params, td) or m(params, x=tensor)."
+    )
+
+
+def bad_params(m: Any, params: Any):
+    what = "nothing" if params is None else f"a {type(params).__name__}"
+    raise TypeError(
+        f"{m._label()} has parameters but was given {what} as params. Call "
+        "m(params, td) with params = m.init(fd.random.key(0)) or fd.from_module(m)."
+    )
