@@ -135,7 +135,6 @@ def test_graph_is_read():
     assert len(GRAPH) > 50
 
 
-@pytest.mark.xfail(strict=True, reason="issue 14 in progress: circles in _td and _modules")
 def test_no_import_circle():
     assert cycles(GRAPH) == []
 
