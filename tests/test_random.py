@@ -10,6 +10,7 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
+from random_cases import SAMPLERS
 
 import functd.random as fr
 
@@ -158,24 +159,6 @@ def test_other_floats_close_to_jax(case):
 
 seeds = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 shapes = st.lists(st.integers(0, 4), max_size=3).map(tuple)
-SAMPLERS = {
-    "bits": lambda k, s: fr.bits(k, s),
-    "bits64": lambda k, s: fr.bits(k, s, torch.int64),
-    "uniform": lambda k, s: fr.uniform(k, s),
-    "uniform_range": lambda k, s: fr.uniform(k, s, minval=-2.0, maxval=3.0),
-    "uniform_bf16": lambda k, s: fr.uniform(k, s, torch.bfloat16),
-    "normal": lambda k, s: fr.normal(k, s),
-    "gumbel": lambda k, s: fr.gumbel(k, s),
-    "exponential": lambda k, s: fr.exponential(k, s),
-    "truncated_normal": lambda k, s: fr.truncated_normal(k, -1.0, 2.0, s),
-    "bernoulli": lambda k, s: fr.bernoulli(k, 0.3, s),
-    "categorical": lambda k, s: fr.categorical(k, torch.tensor([0.0, 1.0, -1.0]), shape=s),
-    "randint": lambda k, s: fr.randint(k, s, -5, 2**40),
-    "randint8": lambda k, s: fr.randint(k, s, -5, 100, torch.int8),
-    "permutation": lambda k, s: fr.permutation(k, sum(s) + 1),
-    "split": lambda k, s: fr.split(k, sum(s) + 1),
-    "fold_in": lambda k, s: fr.fold_in(k, sum(s)),
-}
 
 
 @pytest.mark.parametrize("name", sorted(SAMPLERS))

@@ -12,6 +12,7 @@ import threading
 import warnings
 
 import pytest
+import random_cases
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
@@ -19,32 +20,7 @@ from hypothesis import strategies as st
 import functd.random as fr
 from functd import _fused
 
-SAMPLERS = {
-    "bits32": lambda k, s: fr.bits(k, s),
-    "bits_u8": lambda k, s: fr.bits(k, s, torch.uint8),
-    "bits_i16": lambda k, s: fr.bits(k, s, torch.int16),
-    "bits64": lambda k, s: fr.bits(k, s, torch.uint64),
-    "uniform": lambda k, s: fr.uniform(k, s),
-    "uniform64": lambda k, s: fr.uniform(k, s, torch.float64),
-    "uniform_bf16": lambda k, s: fr.uniform(k, s, torch.bfloat16),
-    "uniform_f16": lambda k, s: fr.uniform(k, s, torch.float16),
-    "uniform_range": lambda k, s: fr.uniform(k, s, minval=-2.0, maxval=3.0),
-    "normal": lambda k, s: fr.normal(k, s),
-    "normal64": lambda k, s: fr.normal(k, s, torch.float64),
-    "normal_f16": lambda k, s: fr.normal(k, s, torch.float16),
-    "gumbel": lambda k, s: fr.gumbel(k, s),
-    "gumbel64": lambda k, s: fr.gumbel(k, s, torch.float64),
-    "exponential": lambda k, s: fr.exponential(k, s),
-    "exponential64": lambda k, s: fr.exponential(k, s, torch.float64),
-    "truncated_normal": lambda k, s: fr.truncated_normal(k, -1.0, 2.0, s),
-    "bernoulli": lambda k, s: fr.bernoulli(k, 0.3, s),
-    "categorical": lambda k, s: fr.categorical(k, torch.tensor([0.0, 1.0, -1.0]), shape=s),
-    "randint": lambda k, s: fr.randint(k, s, -5, 2**40),
-    "randint8": lambda k, s: fr.randint(k, s, -5, 100, torch.int8),
-    "permutation": lambda k, s: fr.permutation(k, sum(s) + 1),
-    "split": lambda k, s: fr.split(k, s),
-    "fold_in": lambda k, s: fr.fold_in(k, (sum(s) * 977 + 2**32 - 30) % 2**32),
-}
+SAMPLERS = {**random_cases.SAMPLERS, **random_cases.FUSED_EXTRA}
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +69,7 @@ def test_fused_equals_pure_bitwise(kernel, name, seed, shape, batch):
     assert_bitwise(f(keys, shape), pure(f, keys, shape))
 
 
-@pytest.mark.parametrize("name", ["bits32", "bits64", "uniform", "normal", "gumbel", "split"])
+@pytest.mark.parametrize("name", ["bits", "bits_u64", "uniform", "normal", "gumbel", "split_shape"])
 @pytest.mark.parametrize("n", [1, 17, 1023, 32768 + 65, 2**18 + 3])
 def test_fused_equals_pure_on_threaded_sizes_and_tails(kernel, name, n):
     # sizes around the vector width, the kernel's threading threshold and torch's grain
@@ -245,7 +221,7 @@ def test_ctypes_library_where_python_headers_are_missing(monkeypatch, fresh):
 
     monkeypatch.setattr(sysconfig, "get_paths", lambda: {"include": str(fresh / "no-headers")})
     keys = fr.split(fr.key(11), 3)
-    fns = {name: SAMPLERS[name] for name in ("normal", "gumbel", "split", "bits64")}
+    fns = {name: SAMPLERS[name] for name in ("normal", "gumbel", "split_shape", "bits_u64")}
     fns["fold_in_last"] = lambda k, s: fr.fold_in(k, 2**32 - 1)
     draws = {name: f(keys, (2, 50)) for name, f in fns.items()}
     assert _fused._KERNEL and type(_fused._KERNEL[0]).__module__ == "ctypes"
