@@ -193,24 +193,28 @@ def _keep_spec(td: TensorDict, values: list, ranks: tuple, n: int, spec: _Spec) 
 # walk (cheaper than a generic pytree flatten), and a list of new leaves put back into
 # the layout of a template TensorDict whose leaves have the same shapes (the template's
 # batch sizes and cached specs are reused). No checks: callers check their inputs.
-def flat_leaves(td: TensorDict) -> list[Tensor]:
-    """The leaves of ``td`` in the order of ``fd.tree.leaves(td)``.
+def flat_leaves(td: TensorDict, specs: list | None = None) -> list[Tensor]:
+    """The leaves of ``td`` in the order of ``fd.tree.leaves(td)``; when ``specs`` is a
+    list, the key spec of every TensorDict met is appended to it (in walk order).
 
     Example:
         >>> flat_leaves(fd.TensorDict({"b": torch.ones(1), "a": {"x": torch.zeros(1)}}))
         [tensor([0.]), tensor([1.])]
     """
     out: list[Tensor] = []
-    _walk(td, out)
+    _walk(td, out, specs)
     return out
 
 
-def _walk(td: TensorDict, out: list) -> None:
+def _walk(td: TensorDict, out: list, specs: list | None) -> None:
     data = td._data
-    for k in (td._spec or spec_of(td)).keys:
+    spec = td._spec or spec_of(td)
+    if specs is not None:
+        specs.append(spec)
+    for k in spec.keys:
         v = data[k]
         if type(v) is TensorDict:
-            _walk(v, out)
+            _walk(v, out, specs)
         else:
             out.append(v)
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._td import TensorDict
-from .._td._tree import spec_of as _spec
+from .._td._tree import flat_leaves
 from . import _group
 from ._collectives import _all_reduce, _issue, _pack, _prepare, _reduce_op, _unpack
 
@@ -54,34 +54,15 @@ class _Entry:
         self.seen = seen  # the group's verified set when the entry was made
 
 
-def _walk(td: TensorDict, leaves: list, specs: list) -> bool:
-    """Leaves in ``functd.tree`` order and the key spec of every TensorDict; False
-    when a value is neither a TensorDict nor a plain tensor."""
-    spec = td._spec or _spec(td)
-    specs.append(spec)
-    data = td._data
-    for k in spec.keys:
-        v = data[k]
-        t = type(v)
-        if t is Tensor:
-            leaves.append(v)
-        elif t is TensorDict:
-            if not _walk(v, leaves, specs):
-                return False
-        else:
-            return False
-    return True
-
-
 def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> list | None:
     """The reduced leaves of ``updates`` (in ``functd.tree`` order), or ``None``
     when the fast path does not apply."""
     if type(updates) is not TensorDict or _is_compiling():
         return None
-    leaves: list[Tensor] = []
     specs: list = []
-    if not _walk(updates, leaves, specs) or not leaves or any(map(_is_wrapped, leaves)):
-        return None
+    leaves = flat_leaves(updates, specs)
+    if not leaves or any(type(x) is not Tensor or _is_wrapped(x) for x in leaves):
+        return None  # empty, or a Parameter, DTensor, torch.func-wrapped or non-tensor leaf
     g = _group.resolve(where, group)[0]
     table = _entries.get(g)
     key = (
@@ -99,7 +80,7 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
             table = _entries[g] = {}
         world = _group.resolve(where, group)[1]
         table[key] = _Entry(specs, buckets, world, _group._verified.get(g))
-        return _leaves_of(out)
+        return flat_leaves(out)
     buckets, world = entry.buckets, entry.world
     if len(buckets) == 1 and len(leaves) > 1:  # the common case: one flat buffer
         flat = _flatten(leaves)  # a copy: the caller's tensors are never written
@@ -119,9 +100,3 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
     for f, b in zip(flats, buckets):
         _unpack(f, b, out)
     return out
-
-
-def _leaves_of(td: TensorDict) -> list:
-    leaves: list = []
-    _walk(td, leaves, [])
-    return leaves
