@@ -265,7 +265,9 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                 emit("            return None")
                 call = f"F{i}({', '.join([p, *args])}{kw})"
                 if type(m._fn).__call__ is Linear.__call__ and len(args) == 1:
-                    # Linear.__call__'s body, written out (tests compare it with the loop)
+                    # Linear.__call__'s body, written out (tests compare it with the loop);
+                    # its DTensor branch is not needed here: DTensor params are marked
+                    # Placed, fail the `_checked is F` test above and take the loop
                     call = f"F_linear({args[0]}, {p}._data['weight'], {p}._data.get('bias'))"
             elif kind == 1:
                 ns[f"F{i}"] = m._fn
