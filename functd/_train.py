@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from . import random as fr
-from ._td import TensorDict
+from ._td import TensorDict, _new
 from ._td._shape import stack
 from ._transforms._autodiff import loss_and_grad
 from .optim._base import GradientTransformation, apply_updates
@@ -34,10 +34,13 @@ from .optim._errors import not_a_td
 
 __all__ = ["fit", "train_step"]
 
+_SCALAR = torch.Size([])
 Step = Callable[[TensorDict, TensorDict, Any, Any], tuple[TensorDict, TensorDict, TensorDict]]
 
 
 def _metrics(where: str, loss: Tensor, aux: Any) -> TensorDict:
+    if type(aux) is dict and not aux:  # a loss_fn without aux (the common case)
+        return _new({"loss": loss.detach()}, _SCALAR)
     entries: dict[str, Any] = {"loss": loss.detach()}
     if isinstance(aux, TensorDict | Mapping):
         items = aux.items() if isinstance(aux, Mapping) else aux._data.items()

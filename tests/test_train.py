@@ -102,3 +102,46 @@ def test_fit_prints_plain_progress_without_tqdm(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith("epoch 1/2: loss ") and "mae " in lines[0] and "4 steps" in lines[0]
+
+
+def test_train_step_keeps_the_params_check_mark_so_later_steps_skip_the_check(monkeypatch):
+    """The modules check the detached copy of params the step differentiates; the mark
+    is kept on the given params, so the next step's params (built from them) skip the
+    check; a params TensorDict of another layout is still checked (and refused)."""
+    import functd._modules._plan as plan_mod
+    from functd._modules import _params_check
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    model = fd.Module(net, in_keys=["x"], out_keys=["y"])
+
+    def loss(p, batch, key):
+        return ((model(p, x=batch["x"]) - batch["y"]) ** 2).mean()
+
+    opt = fd.optim.adam(1e-2)
+    step = fd.train_step(loss, opt)
+    params = fd.from_module(net)
+    batch = fd.TensorDict({"x": torch.randn(5, 3), "y": torch.randn(5, 1)}, [5])
+    p1, s1, _ = step(params, opt.init(params), batch, None)
+    assert params._checked is not None  # the cache slot, as after model(params, ...)
+    calls = []
+    real = _params_check._check_params
+
+    def counting(m, p):
+        calls.append(m)
+        return real(m, p)
+
+    monkeypatch.setattr(_params_check, "_check_params", counting)
+    monkeypatch.setattr(plan_mod, "_check_params", counting)
+    p2, s2, m2 = step(p1, s1, batch, None)
+    assert calls == []
+    # the same numbers as torch (two Adam steps)
+    topt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(2):
+        topt.zero_grad()
+        ((net(batch["x"]) - batch["y"]) ** 2).mean().backward()
+        topt.step()
+    assert_close(p2, fd.from_module(net), rtol=1e-5, atol=1e-6)
+    wrong = fd.from_module(torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1)))
+    with pytest.raises(ValueError, match="expected \\[4, 3\\]"):
+        step(wrong, opt.init(wrong), batch, None)
+    assert len(calls) >= 1

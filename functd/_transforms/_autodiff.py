@@ -27,7 +27,7 @@ import torch.utils._pytree as torch_pytree
 
 from .._eager import plain
 from .._td import TensorDict, _new
-from .._td._tree import flat_leaves, tree, unflatten_like
+from .._td._tree import flat_leaves, keep_marks, tree, unflatten_like
 from ._paths import fmt_path
 
 __all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "value_and_grad", "vjp"]
@@ -316,13 +316,20 @@ def loss_and_grad(
         return loss, aux, grads
     with torch.enable_grad():
         inputs = [x.detach().requires_grad_() for x in leaves]
-        loss, aux = f(unflatten_like(params, inputs), *args)
+        seen = unflatten_like(params, inputs)
+        loss, aux = f(seen, *args)
         if not loss.requires_grad:  # the loss does not depend on params
             gs = [None] * len(inputs)
         else:
             gs = torch.autograd.grad(loss, inputs, allow_unused=True)
+    # the modules checked ``seen`` against their layouts; ``params`` has the same one, so
+    # its next copies (the next step's params, built from these) skip the check
+    keep_marks(seen, params)
     gs = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, gs)]
-    aux = tree.map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, aux)
+    if isinstance(aux, torch.Tensor):
+        aux = aux.detach()
+    elif not (type(aux) is dict and not aux):  # (train_step's loss without aux: {})
+        aux = tree.map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, aux)
     return loss.detach(), aux, unflatten_like(params, gs)
 
 
