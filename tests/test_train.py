@@ -132,7 +132,7 @@ def test_train_step_keeps_the_params_check_mark_so_later_steps_skip_the_check(mo
 
     monkeypatch.setattr(_params_check, "_check_params", counting)
     monkeypatch.setattr(plan_mod, "_check_params", counting)
-    p2, s2, m2 = step(p1, s1, batch, None)
+    p2, _, _ = step(p1, s1, batch, None)
     assert calls == []
     # the same numbers as torch (two Adam steps)
     topt = torch.optim.Adam(net.parameters(), lr=1e-2)
@@ -141,7 +141,9 @@ def test_train_step_keeps_the_params_check_mark_so_later_steps_skip_the_check(mo
         ((net(batch["x"]) - batch["y"]) ** 2).mean().backward()
         topt.step()
     assert_close(p2, fd.from_module(net), rtol=1e-5, atol=1e-6)
-    wrong = fd.from_module(torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1)))
+    wrong = fd.from_module(
+        torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
+    )
     with pytest.raises(ValueError, match="expected \\[4, 3\\]"):
         step(wrong, opt.init(wrong), batch, None)
     assert len(calls) >= 1
