@@ -7,6 +7,14 @@ and 256, TensorDict built in each call, grad mode on. Times: the median of
 BENCH_ROUNDS interleaved rounds of this process's CPU time, one thread. See
 notes/performance.md ("The `_checked` slot stays").
 
+A second table times ``fd.train_step`` (Adam, the two models of
+benchmarks/train_step.py) as it is, where the eager gradient keeps the marks the
+modules leave on its detached copy of the params on the params given to the
+step (so the next step's params skip the check), against the same step with
+that hand-over switched off (every step checks every module, as before stop
+18), and torch's eager step (``torch.optim.Adam(foreach=True)``) beside them.
+See notes/performance.md ("The mark through ``train_step``").
+
 Run: .venv/bin/python benchmarks/params_check.py
 """
 
@@ -30,16 +38,49 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "15"))
 CALLS = 200
 
 
-def interleaved(a, b) -> tuple[float, float]:
-    ta: list[float] = []
-    tb: list[float] = []
-    for _ in range(ROUNDS):
-        for f, ts in ((a, ta), (b, tb)):
+def interleaved(*fs, calls: int = CALLS) -> list[float]:
+    """The median over ``ROUNDS`` rounds of each function's µs per call (the order
+    alternating from round to round)."""
+    ts: list[list[float]] = [[] for _ in fs]
+    for r in range(ROUNDS):
+        order = list(enumerate(fs)) if r % 2 == 0 else list(enumerate(fs))[::-1]
+        for i, f in order:
             t = time.process_time()
-            for _ in range(CALLS):
+            for _ in range(calls):
                 f()
-            ts.append((time.process_time() - t) / CALLS * 1e6)
-    return sorted(ta)[ROUNDS // 2], sorted(tb)[ROUNDS // 2]
+            ts[i].append((time.process_time() - t) / calls * 1e6)
+    return [sorted(t)[ROUNDS // 2] for t in ts]
+
+
+def train_steps() -> list[list]:
+    """``fd.train_step`` with the marks handed over, without, and torch's step."""
+    import train_step as ts
+
+    import functd._transforms._autodiff as autodiff
+
+    keep = autodiff.keep_marks
+    rows = []
+    for name, make in (("tutorial block", ts.make_block), ("MLP 4x256", ts.make_mlp)):
+        ref, block, params = make()
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(64, 3, generator=g), torch.randn(64, 3, generator=g)
+        kept = ts.functd_steps(block, params.clone(), x, y)["functd eager"]
+        plain = ts.functd_steps(block, params.clone(), x, y)["functd eager"]
+
+        def dropped(plain=plain):
+            autodiff.keep_marks = lambda seen, like: None
+            try:
+                plain()
+            finally:
+                autodiff.keep_marks = keep
+
+        peer = ts.torch_steps(ref, x, y)["torch eager"]
+        for f in (kept, dropped, peer):
+            for _ in range(10):
+                f()
+        t_kept, t_dropped, t_torch = interleaved(kept, dropped, peer, calls=40)
+        rows.append([name, t_kept, t_dropped, t_torch, t_kept / t_torch, t_dropped / t_torch])
+    return rows
 
 
 def forced(call, params):
@@ -87,6 +128,9 @@ def main() -> None:
             rows.append([name, batch, t_mark, t_forced, t_forced / t_mark])
     print(f"# params check each call vs the _checked mark ({machine()})")
     print(table(["call", "batch", "with mark µs", "check forced µs", "forced / mark"], rows))
+    print(f"# fd.train_step (Adam, batch 64): marks kept vs dropped ({machine()})")
+    cols = ["model", "kept µs", "dropped µs", "torch µs", "kept / torch", "dropped / torch"]
+    print(table(cols, train_steps()))
 
 
 if __name__ == "__main__":
