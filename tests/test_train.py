@@ -147,3 +147,20 @@ def test_train_step_keeps_the_params_check_mark_so_later_steps_skip_the_check(mo
     with pytest.raises(ValueError, match="expected \\[4, 3\\]"):
         step(wrong, opt.init(wrong), batch, None)
     assert len(calls) >= 1
+
+
+def test_fd_grad_keeps_the_params_check_mark_on_the_params_it_is_given():
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    model = fd.Module(net, in_keys=["x"], out_keys=["y"])
+    x = torch.randn(5, 3)
+
+    def loss(p, x):
+        return model(p, x=x).pow(2).mean()
+
+    params = fd.from_module(net)
+    assert params._checked is None
+    grads = fd.grad(loss)(params, x)
+    assert params._checked is not None and grads.keys() == params.keys()
+    net(x).pow(2).mean().backward()
+    for name, w in net.named_parameters():
+        torch.testing.assert_close(grads[tuple(name.split("."))], w.grad)

@@ -27,6 +27,7 @@ import torch.utils._pytree as torch_pytree
 
 from .._eager import plain
 from .._td import TensorDict, _new
+from .._td._tensordict import _is_compiling
 from .._td._tree import flat_leaves, keep_marks, tree, unflatten_like
 from ._paths import fmt_path
 
@@ -200,14 +201,21 @@ def _grad_impl(f: Callable, argnums: Argnums, has_aux: bool, where_name: str):
             )
         else:
 
+            seen: list = []
+
             def flat(*xs: Any) -> Any:
                 full = list(args)
                 for i, v in zip(nums, torch_pytree.tree_unflatten(list(xs), spec)):
                     full[i] = v
+                    seen.append((v, args[i]))
                 return checked(*full, **kwargs)
 
             nl = tuple(range(len(leaves)))
             g, out = torch.func.grad_and_value(flat, argnums=nl, has_aux=has_aux)(*leaves)
+            if not _is_compiling():  # the modules checked the rebuilt params: keep
+                for inner, given in seen:  # their marks (as loss_and_grad does)
+                    if type(inner) is TensorDict and type(given) is TensorDict:
+                        keep_marks(inner, given)
             g = torch_pytree.tree_unflatten(list(g), spec)
             g = g if isinstance(argnums, tuple) else g[0]
         value, aux = out if has_aux else (out, None)
@@ -298,8 +306,10 @@ def loss_and_grad(
     Under ``torch.compile`` and ``torch.func`` transforms this is
     ``torch.func.grad_and_value``. On plain eager tensors it is the same
     computation through ``torch.autograd.grad`` on detached copies of the leaves
-    (views, no data copied), which skips functorch's per-op wrapping overhead;
-    ``params`` is not modified either way.
+    (views, no data copied), which skips functorch's per-op wrapping overhead.
+    ``params`` is not modified either way; on the eager path it receives the
+    params-check marks the modules left on the copy (a cache slot, as after a
+    module call), so TensorDicts built from it later skip the check.
 
     Example:
         >>> loss, aux, grads = loss_and_grad("fd.train_step(f, ...)", f, params, batch, key)
