@@ -200,7 +200,6 @@ def _grad_impl(f: Callable, argnums: Argnums, has_aux: bool, where_name: str):
                 *args, **kwargs
             )
         else:
-
             seen: list = []
 
             def flat(*xs: Any) -> Any:
