@@ -4,11 +4,12 @@ cleared before each call), measured in turn in one process.
 
 Rows: the tutorial block (two Linear) and the GRU policy (one GRUCell), batch 1
 and 256, TensorDict built in each call, grad mode on. Times: the median of
-BENCH_ROUNDS interleaved rounds of this process's CPU time, one thread. See
+BENCH_ROUNDS interleaved rounds of this process's CPU time, one thread; the
+ratios are the medians of the rounds' paired ratios. See
 notes/performance.md ("The `_checked` slot stays").
 
 A second table times ``fd.train_step`` (Adam, the two models of
-benchmarks/train_step.py) as it is, where the eager gradient keeps the marks the
+benchmarks/train_step.py), and a hand-written ``fd.grad`` loop, as they are, where the eager gradient keeps the marks the
 modules leave on its detached copy of the params on the params given to the
 step (so the next step's params skip the check), against the same step with
 that hand-over switched off (every step checks every module, as before stop
@@ -21,6 +22,7 @@ Run: .venv/bin/python benchmarks/params_check.py
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 
@@ -38,9 +40,9 @@ ROUNDS = int(os.environ.get("BENCH_ROUNDS", "15"))
 CALLS = 200
 
 
-def interleaved(*fs, calls: int = CALLS) -> list[float]:
-    """The median over ``ROUNDS`` rounds of each function's µs per call (the order
-    alternating from round to round)."""
+def interleaved(*fs, calls: int = CALLS) -> list[list[float]]:
+    """Each function's µs per call in each of ``ROUNDS`` rounds (the order alternating
+    from round to round)."""
     ts: list[list[float]] = [[] for _ in fs]
     for r in range(ROUNDS):
         order = list(enumerate(fs)) if r % 2 == 0 else list(enumerate(fs))[::-1]
@@ -49,43 +51,102 @@ def interleaved(*fs, calls: int = CALLS) -> list[float]:
             for _ in range(calls):
                 f()
             ts[i].append((time.process_time() - t) / calls * 1e6)
-    return [sorted(t)[ROUNDS // 2] for t in ts]
+    return ts
+
+
+def med(xs) -> float:
+    return statistics.median(xs)
+
+
+def paired(a: list[float], b: list[float]) -> float:
+    """The median of the rounds' ratios ``a / b`` (drift between rounds cancels)."""
+    return med(x / y for x, y in zip(a, b))
+
+
+def small_mlp() -> nn.Sequential:
+    """The small MLP of benchmarks/data_parallel.py (its params are nested: one
+    sub-TensorDict a Linear, checked against the whole Sequential)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1)
+    )
+
+
+def make_small():
+    ref = small_mlp()
+    return ref, fd.Module(small_mlp(), in_keys=["x"], out_keys=["pred"]), fd.from_module(ref)
+
+
+def grad_loop(block, params, x, y):
+    """A hand-written step: ``fd.grad``, ``adam.update``, ``apply_updates``."""
+    out_key = block.out_keys[-1]
+    opt = fd.optim.adam(1e-3)
+    batch = fd.TensorDict({"x": x, "y": y}, [x.shape[0]])
+    state = {"p": params, "s": opt.init(params)}
+
+    def loss(p, batch):
+        return torch.nn.functional.mse_loss(block(p, batch)[out_key], batch["y"])
+
+    def call():
+        g = fd.grad(loss)(state["p"], batch)
+        u, state["s"] = opt.update(g, state["s"], state["p"])
+        state["p"] = fd.optim.apply_updates(state["p"], u)
+
+    return call
 
 
 def train_steps() -> list[list]:
-    """``fd.train_step`` with the marks handed over, without, and torch's step."""
+    """``fd.train_step`` and an ``fd.grad`` loop with the marks handed over, without,
+    and torch's step."""
     import train_step as ts
 
     import functd._transforms._autodiff as autodiff
 
     keep = autodiff.keep_marks
     rows = []
-    for name, make in (("tutorial block", ts.make_block), ("MLP 4x256", ts.make_mlp)):
+    models = (
+        ("tutorial block", ts.make_block, 3, 3),
+        ("MLP 4x256", ts.make_mlp, 3, 3),
+        ("MLP 8-32-32-1 as one fd.Module", make_small, 8, 1),
+    )
+    for name, make, n_in, n_out in models:
         ref, block, params = make()
         g = torch.Generator().manual_seed(0)
-        x, y = torch.randn(64, 3, generator=g), torch.randn(64, 3, generator=g)
-        kept = ts.functd_steps(block, params.clone(), x, y)["functd eager"]
-        plain = ts.functd_steps(block, params.clone(), x, y)["functd eager"]
-
-        def dropped(plain=plain):
-            autodiff.keep_marks = lambda seen, like: None
-            try:
-                plain()
-            finally:
-                autodiff.keep_marks = keep
-
+        x, y = torch.randn(64, n_in, generator=g), torch.randn(64, n_out, generator=g)
         peer = ts.torch_steps(ref, x, y)["torch eager"]
-        for f in (kept, dropped, peer):
-            for _ in range(10):
-                f()
-        t_kept, t_dropped, t_torch = interleaved(kept, dropped, peer, calls=40)
-        rows.append([name, t_kept, t_dropped, t_torch, t_kept / t_torch, t_dropped / t_torch])
+        for how in ("train_step", "fd.grad loop"):
+            built = []
+            for p in (params.clone(), params.clone()):
+                if how == "train_step":
+                    built.append(ts.functd_steps(block, p, x, y)["functd eager"])
+                else:
+                    built.append(grad_loop(block, p, x, y))
+            kept, plain = built
+
+            def dropped(plain=plain):
+                autodiff.keep_marks = lambda seen, like: None
+                try:
+                    plain()
+                finally:
+                    autodiff.keep_marks = keep
+
+            for f in (kept, dropped, peer):
+                for _ in range(10):
+                    f()
+            t_kept, t_dropped, t_torch = interleaved(kept, dropped, peer, calls=40)
+            ratios = [
+                paired(t_kept, t_torch),
+                paired(t_dropped, t_torch),
+                paired(t_kept, t_dropped),
+            ]
+            row = [f"{name}, {how}", med(t_kept), med(t_dropped), med(t_torch), *ratios]
+            rows.append(row)
     return rows
 
 
 def forced(call, params):
-    """``call`` after clearing the marks of the params' sub-TensorDicts."""
-    subs = [v for v in params._data.values() if type(v) is fd.TensorDict]
+    """``call`` after clearing the marks of the params and their sub-TensorDicts."""
+    subs = [params, *(v for v in params._data.values() if type(v) is fd.TensorDict)]
 
     def f():
         for s in subs:
@@ -110,7 +171,8 @@ def main() -> None:
         fd.Module(fd.NormalParamExtractor(), in_keys=["hidden"], out_keys=["loc", "scale"]),
         fd.Probabilistic(["loc", "scale"], ["action"], D.Normal, return_log_prob=True),
     )
-    bp, pp = fd.from_module(block), fd.from_module(policy)
+    mlp = fd.Module(small_mlp(), in_keys=["x"], out_keys=["pred"])
+    bp, pp, mp = fd.from_module(block), fd.from_module(policy), fd.from_module(mlp)
     rows = []
     for batch in (1, 256):
         x, i, h = torch.randn(batch, 3), torch.randn(batch, 4), torch.randn(batch, 8)
@@ -121,15 +183,24 @@ def main() -> None:
         def call_policy(i=i, h=h, batch=batch):
             return policy(pp, fd.TensorDict({"input": i, "hidden": h}, [batch]))
 
-        for name, call, p in (("tutorial block", call_block, bp), ("GRU policy", call_policy, pp)):
+        def call_mlp(batch=batch):
+            return mlp(mp, fd.TensorDict({"x": torch.randn(batch, 8)}, [batch]))
+
+        cases = (
+            ("tutorial block", call_block, bp),
+            ("GRU policy", call_policy, pp),
+            ("nn.Sequential 8-32-32-1 as one fd.Module", call_mlp, mp),
+        )
+        for name, call, p in cases:
             for _ in range(20):
                 call()
             t_mark, t_forced = interleaved(call, forced(call, p))
-            rows.append([name, batch, t_mark, t_forced, t_forced / t_mark])
+            rows.append([name, batch, med(t_mark), med(t_forced), paired(t_forced, t_mark)])
     print(f"# params check each call vs the _checked mark ({machine()})")
     print(table(["call", "batch", "with mark µs", "check forced µs", "forced / mark"], rows))
-    print(f"# fd.train_step (Adam, batch 64): marks kept vs dropped ({machine()})")
+    print(f"# training steps (Adam, batch 64): marks kept vs dropped ({machine()})")
     cols = ["model", "kept µs", "dropped µs", "torch µs", "kept / torch", "dropped / torch"]
+    cols.append("kept / dropped")
     print(table(cols, train_steps()))
 
 
