@@ -75,6 +75,7 @@ def test_gloo_on_cpu(tmp_path):
         assert "at the key 'w', rank 0 has float64[2, 3]" in msg and "float64[2, 4]" in msg
 
 
+@pytest.mark.cuda  # (run by benchmarks/gpu_check.py's `pytest -m cuda`)
 @pytest.mark.skipif(
     not (torch.cuda.is_available() and dist.is_nccl_available()), reason="needs CUDA and NCCL"
 )
