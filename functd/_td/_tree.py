@@ -256,9 +256,11 @@ def _build(td: TensorDict, it) -> TensorDict:
         vals[k] = _build(v, it) if type(v) is TensorDict else next(it)
     if spec.order is not None:  # insertion order differs from the sorted one
         vals = {k: vals[k] for k in spec.order}
-    if _is_compiling():
+    if _is_compiling():  # dynamo cannot trace the slot setters
         out = _new(vals, td._batch_size)
         object.__setattr__(out, "_spec", spec)
+        if td._checked is not None:
+            object.__setattr__(out, "_checked", td._checked)
         return out
     out = _alloc(TensorDict)  # the slot setters: _new's work, twice as fast (a hot path)
     _set_data(out, vals)
