@@ -11,16 +11,14 @@ cross-rank structure check. Each outcome goes to ``OUT_DIR/rank{RANK}.json``.
 from __future__ import annotations
 
 import datetime
-import json
-import os
 import sys
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 import functd as fd
+from tests._dist_job import run_checks
 
 RANK, WORLD, PORT, OUT, BACKEND = (
     int(sys.argv[1]),
@@ -161,22 +159,7 @@ def main() -> None:
         world_size=WORLD,
         timeout=datetime.timedelta(seconds=60),
     )
-    results = {}
-    for fn in CHECKS:
-        try:
-            results[fn.__name__] = {"ok": True, "value": fn()}
-        except Exception as e:
-            results[fn.__name__] = {
-                "ok": False,
-                "message": f"{type(e).__name__}: {e}",
-                "traceback": traceback.format_exc(),
-            }
-        dist.barrier()
-    with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-        json.dump(results, f)
-    dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)  # no interpreter teardown (see tests/distributed_worker.py)
+    run_checks(CHECKS, RANK, OUT)
 
 
 if __name__ == "__main__":

@@ -13,17 +13,15 @@ import contextlib
 import datetime
 import io
 import itertools
-import json
 import os
 import sys
-import time
-import traceback
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 import functd as fd
+from tests._dist_job import run_checks
 
 torch.set_default_dtype(torch.float64)
 RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -446,28 +444,7 @@ def main() -> None:
         world_size=WORLD,
         timeout=datetime.timedelta(seconds=60),
     )
-    results = {}
-    for fn in CHECKS:
-        start = time.perf_counter()
-        try:
-            results[fn.__name__] = {"ok": True, "value": fn()}
-        except Exception as e:
-            results[fn.__name__] = {
-                "ok": False,
-                "type": type(e).__name__,
-                "message": str(e),
-                "traceback": traceback.format_exc(),
-            }
-        results[fn.__name__]["seconds"] = round(time.perf_counter() - start, 2)
-        dist.barrier()
-    with open(os.path.join(OUT, f"rank{RANK}.json"), "w") as f:
-        json.dump(results, f)
-    dist.destroy_process_group()
-    # Skip the interpreter's teardown: freeing DDP/gloo objects after the group is
-    # destroyed hung now and then (seen in benchmarks/data_parallel.py).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    run_checks(CHECKS, RANK, OUT)
 
 
 if __name__ == "__main__":

@@ -7,59 +7,23 @@ torch.optim.Adam, and the same training in one process on the full batch.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 import functd as fd
+from tests._dist_job import launch
 
 pytestmark = pytest.mark.distributed
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = Path(__file__).with_name("distributed_worker.py")
 WORLD = 2
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("distributed")
-    port = _free_port()
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    worker = os.path.join(ROOT, "tests", "distributed_worker.py")
-    procs = [
-        subprocess.Popen(
-            [sys.executable, worker, str(r), str(WORLD), str(port), str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(WORLD)
-    ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=180)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{log}"
-    reports = []
-    for r in range(WORLD):
-        with open(out / f"rank{r}.json") as f:
-            reports.append(json.load(f))
-    return reports
+    return launch(WORKER, WORLD, out)
 
 
 def _ok(report, name):

@@ -8,18 +8,16 @@ GPU). The gloo run keeps the worker honest on machines without a GPU.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
+from tests._dist_job import launch
+
 pytestmark = pytest.mark.distributed
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKER = Path(__file__).with_name("_dist_backend_worker.py")
 NAMES = (
     "collectives",
     "pmean_adam_equals_one_process",
@@ -29,42 +27,16 @@ NAMES = (
 
 
 def _run(tmp_path, backend: str, world: int) -> list[dict]:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1")
-    worker = os.path.join(ROOT, "tests", "_dist_backend_worker.py")
-    args = [str(world), str(port), str(tmp_path), backend]
-    procs = [
-        subprocess.Popen(
-            [sys.executable, worker, str(r), *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    try:
-        logs = [p.communicate(timeout=180)[0] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, (p, log) in enumerate(zip(procs, logs)):
-        assert p.returncode == 0, f"rank {r} exited with {p.returncode}:\n{log}"
-    reports = []
-    for r in range(world):
-        with open(tmp_path / f"rank{r}.json") as f:
-            reports.append(json.load(f))
-    return reports
+    return launch(WORKER, world, tmp_path, backend)
 
 
 def _check(reports: list[dict]) -> None:
     for r, rep in enumerate(reports):
         assert tuple(rep) == NAMES
         for name, res in rep.items():
-            assert res["ok"], f"rank {r}, {name}: {res['message']}\n{res['traceback']}"
+            assert res["ok"], (
+                f"rank {r}, {name}: {res['type']}: {res['message']}\n{res['traceback']}"
+            )
 
 
 def test_gloo_on_cpu(tmp_path):

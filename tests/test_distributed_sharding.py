@@ -9,28 +9,18 @@ forward/backward, ``torch.distributed.all_reduce``, ``fd.vmap(axis_name=)``.
 
 from __future__ import annotations
 
-import json
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from tests._dist_job import launch
+
 pytestmark = pytest.mark.distributed
 
-ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("_dist_sharding_worker.py")
 WORLD = 2
 TOL = 1e-12
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -38,28 +28,7 @@ def ranks(tmp_path_factory) -> list[dict]:
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available")
     out = tmp_path_factory.mktemp("dist_sharding")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    port = str(_port())
-    procs = [
-        subprocess.Popen(
-            [sys.executable, str(WORKER), str(r), str(WORLD), port, str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(WORLD)
-    ]
-    logs = []
-    try:
-        for p in procs:
-            logs.append(p.communicate(timeout=120)[0].decode(errors="replace"))
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for r, p in enumerate(procs):
-        assert p.returncode == 0, f"rank {r} failed:\n{logs[r][-4000:]}"
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
+    return launch(WORKER, WORLD, out, timeout=120)
 
 
 def _get(ranks: list[dict], check: str) -> list[dict]:
