@@ -248,7 +248,7 @@ def fit_data_parallel_equals_single_process():
     step = fd.train_step(functd_loss(model), opt)
     path = os.path.join(OUT, "ckpt.pt")
     buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):  # tqdm: stderr
         p, _, hist = fd.fit(
             step,
             params0,
