@@ -13,7 +13,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev,interop]"
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev,interop,models]"
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 

@@ -21,10 +21,13 @@ from ._modules._prob_sequential import ProbabilisticSequential as ProbabilisticS
 from ._modules._probabilistic import CompositeDistribution as CompositeDistribution
 from ._modules._probabilistic import Probabilistic as Probabilistic
 from ._modules._sequential import Sequential as Sequential
+from ._modules._trainable import trainable as trainable
 from ._td import TensorDict as TensorDict
 from ._td import _tree
 from ._td._io import load as load
 from ._td._io import save as save
+from ._td._partition import combine as combine
+from ._td._partition import partition as partition
 from ._td._shape import cat as cat
 from ._td._shape import stack as stack
 from ._td._shape import unbind as unbind

@@ -134,3 +134,10 @@ STATE_DROPPED = (
     "then `params = fd.nn.update_state(params, new_state)`; or switch the model to eval "
     "mode with `m = fd.nn.eval_mode(m)`."
 )
+HELD_OUT = (
+    "{label}: params {paths} are held out of training (buffers, or parameters with "
+    "requires_grad=False in the torch module), but they are being differentiated (fd.grad, "
+    "fd.train_step, torch.func.grad), so an optimizer would change them where torch would not. "
+    "Split them off and differentiate the rest: `params, held = fd.partition(params, "
+    "fd.trainable(model))`, then call the model on `fd.combine(params, held)` inside the loss."
+)

@@ -202,7 +202,9 @@ def test_error_grad_of_non_scalar_names_shape():
 
 def test_error_inputs_not_differentiable_name_the_path():
     td = make().set("count", torch.ones(4, dtype=torch.int64))
-    with pytest.raises(TypeError, match=r"args\[0\]\['count'\] has dtype torch.int64.*Cast it"):
+    with pytest.raises(
+        TypeError, match=r"args\[0\]\['count'\] has dtype torch.int64.*Hold it out.*fd.partition"
+    ):
         fd.grad(lambda t: t["x"].sum())(td)
     with pytest.raises(TypeError, match=r"args\[1\] is a str, not a tensor"):
         fd.grad(lambda t, s: t["x"].sum(), argnums=(0, 1))(make(), "hello")

@@ -191,21 +191,28 @@ class _NoisyNet(nn.Module):
         return self.drop(self.lin(x))
 
 
-def test_functional_call_refuses_torch_global_rng_in_training_mode():
+def test_functional_call_draws_dropout_from_the_key_in_training_mode():
     net = _NoisyNet()
     before = {k: v.clone() for k, v in net.state_dict().items()}
+    m = fd.Module(net, ["x"], ["y"])
+    assert m.random and net.training
+    params, x = fd.from_module(m), torch.randn(4, 3)
     with pytest.raises(
         ValueError,
-        match=r"FunctionalCall\(_NoisyNet\): holds Dropout in training "
-        r"mode at 'drop', which would draw from torch's global generator.*eval",
+        match=r"FunctionalCall\(_NoisyNet\): dropout\(p=0.5\) draws random numbers.*key=fd",
     ):
-        fd.Module(net, ["x"], ["y"])
-    assert net.training and all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
-    # in eval mode (no draw) it runs, and matches the module
+        m(params, x=x)
+    rng = torch.get_rng_state()
+    a, b = m(params, x=x, key=fd.random.key(0)), m(params, x=x, key=fd.random.key(0))
+    c = m(params, x=x, key=fd.random.key(1))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert torch.equal(rng, torch.get_rng_state())  # torch's generator: not read, not advanced
+    h = torch.nn.functional.linear(x, params["lin", "weight"], params["lin", "bias"])
+    kept = a != 0
+    torch.testing.assert_close(a[kept], 2 * h[kept])  # torch's scaling, 1 / (1 - p)
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())
+    # in eval mode nothing is drawn: it runs without a key and matches the module
+    e = fd.nn.eval_mode(m)
+    assert not e.random
     net.eval()
-    m = fd.Module(net, ["x"], ["y"])
-    x = torch.randn(4, 3)
-    torch.testing.assert_close(m(fd.from_module(m), x=x), net(x))
-    # switching the wrapped copy back to training mode is refused the same way
-    with pytest.raises(ValueError, match="global generator"):
-        fd.nn.train_mode(m)
+    torch.testing.assert_close(e(params, x=x), net(x))

@@ -152,6 +152,11 @@ class ModuleKind(Frozen):
         """Paths (in this kind's own params) of the running statistics it holds itself."""
         return ()
 
+    def own_held_paths(self) -> tuple[Path, ...]:
+        """Paths (in this kind's own params) that torch would not train: its running
+        statistics and other buffers, and frozen parameters (``fd.trainable``)."""
+        return self.own_buffer_paths()
+
     def torch_source(self) -> torch.nn.Module | None:
         """The torch module whose weights this kind holds itself, if any."""
         return None

@@ -26,6 +26,7 @@ from .. import _errors as E
 from .._td import Key, TensorDict, _new
 from ..nn._base import Layer
 from ..nn._lower import FunctionalCall, lower
+from ._binding import bind_layer, held_paths, raise_held
 from ._call import (
     _NOPE,
     ModuleKind,
@@ -112,14 +113,17 @@ class Module(ModuleKind):
     """
 
     __slots__ = (
+        "_defaults",
         "_fn",
         "_has_params",
+        "_held",
         "_kind",
         "_kwargs",
         "_out_all",
         "_plain",
         "_random",
         "_run",
+        "_slots",
         "_source",
         "_stateful",
         "in_keys",
@@ -163,6 +167,12 @@ class Module(ModuleKind):
             )
         if not outs:
             raise ValueError("Module needs at least one out_key.")
+        if kwargs is not None and len(set(kwargs)) != len(kwargs):
+            dup = sorted({a for a in kwargs if kwargs.count(a) > 1})
+            raise ValueError(
+                f"Module: in_keys gives the argument(s) {dup} more than one td key; each "
+                "argument takes one entry."
+            )
         source = None
         if isinstance(fn, torch.nn.Module) and not _is_layer(fn):
             source, fn = fn, _lower(fn)
@@ -170,9 +180,14 @@ class Module(ModuleKind):
             raise TypeError(
                 f"Module(fn) takes a callable, a torch.nn.Module or a functd layer; got {type(fn).__name__}"
             )
+        self._setup(fn, source, ins, outs, kwargs)
+
+    def _setup(self, fn: Any, source: Any, ins: tuple, outs: tuple, kwargs: tuple | None) -> None:
+        """Fill the slots from the (lowered) function, the torch module it came from and
+        the normalised keys; ``with_training`` rebuilds through it too."""
         layer = _is_layer(fn)
         plain = None  # a param-free layer's plain function, called directly on the hot path
-        if layer and not fn.has_params and not fn.random and hasattr(fn, "function"):
+        if layer and not fn.has_params and not fn.random and hasattr(fn, "function") and not kwargs:
             plain = fn.function()
         set_ = object.__setattr__
         set_(self, "_fn", fn)
@@ -184,9 +199,21 @@ class Module(ModuleKind):
         set_(self, "_has_params", layer and fn.has_params)
         set_(self, "_random", layer and fn.random)
         set_(self, "_stateful", layer and fn.stateful)
-        # how _step calls fn: 0 layer with params, 1 layer without, 2 callable, 3 keywords
+        # paths of params that torch would not train (buffers, requires_grad=False)
+        set_(self, "_held", held_paths(fn, source) if layer else ())
+        set_(self, "_slots", None)
+        set_(self, "_defaults", None)
+        # how _step calls fn: 0 layer with params, 1 layer without, 2 callable, 3 callable
+        # with keywords, 4 layer with keywords (bound to positions, or by name for a
+        # FunctionalCall)
         set_(self, "_kind", (0 if fn.has_params else 1) if layer else (3 if kwargs else 2))
         set_(self, "_plain", fn)
+        if layer and kwargs:
+            set_(self, "_kind", 4)
+            bound = bind_layer(fn, source, kwargs, self._label())
+            if bound is not None:
+                set_(self, "_slots", bound[0])
+                set_(self, "_defaults", bound[1])
         if plain is not None:
             set_(self, "_kind", 2)
             set_(self, "_plain", plain)
@@ -268,18 +295,17 @@ class Module(ModuleKind):
         fn = layer_with_training(self._fn, flag) if _is_layer(self._fn) else self._fn
         if fn is self._fn:
             return self
-        if self._kwargs:  # {argument: td_key}: one td key may feed several arguments
-            ins = dict(zip(self._kwargs, self.in_keys))
-            new = Module(fn, ins, list(self._out_all), out_to_in_map=True)
-        else:
-            new = Module(fn, list(self.in_keys), list(self._out_all))
+        new = object.__new__(Module)
+        new._setup(fn, self._source, self.in_keys, self._out_all, self._kwargs)
         if new.out_keys != self.out_keys:
             new = new.select_out_keys(*self.out_keys)
-        object.__setattr__(new, "_source", self._source)  # from_module still reads its weights
         return new
 
     def own_buffer_paths(self) -> tuple[tuple[str, ...], ...]:
         return self._fn.buffer_paths() if _is_layer(self._fn) else ()
+
+    def own_held_paths(self) -> tuple[tuple[str, ...], ...]:
+        return self._held
 
     def torch_source(self) -> torch.nn.Module | None:
         return self._source
@@ -290,12 +316,16 @@ class Module(ModuleKind):
         return (
             type(self) is Module
             and not self._stateful
+            and not self._held
+            and self._kind != 4
             and all(type(k) is str for k in self.in_keys)
             and all(type(k) is str for k in self.out_keys)
         )
 
     def _label(self) -> str:
-        name = getattr(self._fn, "__name__", None) or type(self._fn).__name__
+        src = self._source
+        name = type(src).__name__ if src is not None else None
+        name = name or getattr(self._fn, "__name__", None) or type(self._fn).__name__
         if name == "<lambda>":
             name = "lambda"
         outs = ", ".join(E.fmt_key(k) for k in self.out_keys)
@@ -341,12 +371,26 @@ class Module(ModuleKind):
         fn, kind = self._fn, self._kind
         if kind == 2:
             out = self._plain(*args)
-        elif kind == 0:
-            if type(params) is not TensorDict:
-                bad_params(self, params)
-            if params._checked is not fn:  # DTensor params: plain inputs replicated
-                args = _placed_inputs(self, params, args)
-            out = fn(params, *args, key=key) if self._random else fn(params, *args)
+        elif kind == 0 or kind == 4:
+            if self._has_params:
+                if type(params) is not TensorDict:
+                    bad_params(self, params)
+                if params._checked is not fn:  # DTensor params: plain inputs replicated
+                    args = _placed_inputs(self, params, args)
+                if self._held:
+                    raise_held(self, params)
+                p = params
+            else:
+                p = _empty_params()
+            if kind == 0:
+                out = fn(p, *args, key=key) if self._random else fn(p, *args)
+            elif self._slots is None:  # a torch module's forward, by name
+                out = fn.call_with(p, (), dict(zip(self._kwargs, args)), key)
+            else:  # bound to the positions of the forward (or the layer's call)
+                pos = list(self._defaults)
+                for i, v in zip(self._slots, args):
+                    pos[i] = v
+                out = fn(p, *pos, key=key) if self._random else fn(p, *pos)
         elif kind == 1:
             p = _empty_params()
             out = fn(p, *args, key=key) if self._random else fn(p, *args)
@@ -367,7 +411,7 @@ def _make_run(m: Module):
     """The function a call runs: ``m._step``, or a specialised copy of it for the
     common case of one str in_key and one str out_key (the hot path of a chain)."""
     ins, outs, fn, kind, rnd = m.in_keys, m.out_keys, m._fn, m._kind, m._random
-    if m._stateful:
+    if m._stateful or m._held:
         return m._step
     if kind == 2:
         fn = m._plain

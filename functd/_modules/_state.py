@@ -26,6 +26,7 @@ import torch
 
 from .. import _errors as E
 from .._td import TensorDict, _new
+from .._td._partition import partition
 from ..nn._base import Layer
 from ..nn._chain import Chain
 from ..nn._dropout import Dropout
@@ -109,9 +110,9 @@ def split_state(module: Any, params: TensorDict) -> tuple[TensorDict, TensorDict
             f"the module; they have {E.fmt_keys(list(flat))}. Were the params made for another "
             "module? Use module.init(key) or fd.from_module(module)."
         )
-    bs = params.batch_size
-    state = _prune(params.select(*paths), bs) if paths else _new({}, bs)
-    return _prune(params.exclude(*paths), bs), state
+    held = set(paths)
+    state, trainable = partition(params, lambda path, leaf: path in held)
+    return trainable, state
 
 
 def merge_state(trainable: TensorDict, state: TensorDict) -> TensorDict:

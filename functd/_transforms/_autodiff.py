@@ -79,8 +79,10 @@ def _check_diff_inputs(where: str, args: tuple, nums: tuple[int, ...]) -> None:
                 continue
             why = (
                 f"has dtype {leaf.dtype}; only floating (or complex) tensors can be "
-                "differentiated. Cast it (td.double(), x.float()) or pass it in an argument "
-                "that argnums does not name."
+                "differentiated. Hold it out of what is differentiated: `params, held = "
+                "fd.partition(params, fd.trainable(model))` (fd.trainable(params) holds out "
+                "every non-floating entry) and call the model on `fd.combine(params, held)`; "
+                "or pass it in an argument that argnums does not name."
                 if isinstance(leaf, torch.Tensor)
                 else f"is a {type(leaf).__name__}, not a tensor, so it cannot be differentiated. "
                 "Keep non-tensor values in arguments that argnums does not name (or in keyword "

@@ -10,7 +10,9 @@ from .. import random as fr
 from .._td import TensorDict
 from ._base import Layer, as_key
 
-__all__ = ["Dropout"]
+__all__ = ["Dropout", "keyed_dropout"]
+
+_ALPHA = 1.7580993408473766  # SELU's alpha * lambda, as ATen's alpha_dropout
 
 KEY_REQUIRED = (
     "Dropout(p={p}) needs a PRNG key when it is not in inference mode: pass one at "
@@ -61,7 +63,33 @@ class Dropout(Layer):
             return x
         if key is None:
             raise ValueError(KEY_REQUIRED.format(p=p))
-        if p == 1.0:  # as torch: x * 0 (keeps NaNs and the autograd graph)
-            return x * x.new_zeros(())
-        keep = fr.bernoulli(as_key(key), 1.0 - p, x.shape)
-        return x * (keep.to(x.dtype) / (1.0 - p))  # torch: x * (mask / (1 - p))
+        return keyed_dropout(x, p, key)
+
+
+def keyed_dropout(
+    x: Tensor, p: float, key: Tensor | int, *, feature: bool = False, alpha: bool = False
+) -> Tensor:
+    """Torch's dropout arithmetic (ATen's ``_dropout_impl``) with a keyed mask.
+
+    ``keep = bernoulli(key, 1 - p)`` over ``x``'s shape (``feature``: over its first
+    two dims, one draw per channel, as ``dropout2d``); the result is
+    ``x * (keep / (1 - p))``, or with ``alpha`` (``alpha_dropout``, which keeps
+    SELU's mean and variance) ``x * (keep * a) + (keep - 1) * alpha * a + alpha * a * p``.
+    ``p == 1`` gives ``x * 0`` (keeping NaNs and the autograd graph), as torch.
+
+    Example:
+        >>> keyed_dropout(torch.ones(4), 0.5, fd.random.key(0))
+        tensor([0., 0., 2., 2.])
+    """
+    if p == 1.0:
+        return x * x.new_zeros(())
+    shape = (*x.shape[:2], *(1,) * (x.dim() - 2)) if feature else x.shape
+    key = as_key(key)
+    if key.device != x.device:
+        key = key.to(x.device)
+    noise = fr.bernoulli(key, 1.0 - p, shape).to(x.dtype)
+    if not alpha:
+        return x * (noise / (1.0 - p))  # torch: x * (mask / (1 - p))
+    a = 1.0 / ((_ALPHA * _ALPHA * p + 1) * (1 - p)) ** 0.5
+    b = (noise - 1) * (_ALPHA * a) + _ALPHA * a * p
+    return x * (noise * a) + b

@@ -11,171 +11,27 @@ does that itself).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 from collections.abc import Callable
 from itertools import chain
 from typing import Any
 
-import torch
-from torch import Tensor, nn
+from torch import nn
 
-from .._td import TensorDict
-from .._td._dtensor import is_dtensor
 from . import _activation as A
 from ._attention import MultiheadAttention
-from ._base import Layer, set_derived
+from ._base import Layer
 from ._batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from ._chain import Chain
 from ._conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
-from ._convert import flat_state
 from ._dropout import Dropout
 from ._embedding import Embedding
-from ._fsdp import fsdp_meta_copy, orig_type, user_hooks
+from ._fsdp import orig_type, user_hooks
+from ._functional_call import FunctionalCall
 from ._linear import Bilinear, Flatten, Identity, Linear
 from ._norm import GroupNorm, LayerNorm, RMSNorm
 from ._recurrent import GRUCell, LSTMCell, RNNCell
 
 __all__ = ["FunctionalCall", "lower"]
-
-NO_INIT = (
-    "FunctionalCall({name}).init(key): only lowered layers have a pure `init`; {name} could "
-    "not be lowered onto one (see functd.nn.lower). Take the module's current weights "
-    "instead: `params = fd.from_module(module)` (functd.nn.state_to_td(module)), or "
-    "re-initialise the torch module itself and read them again."
-)
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class FunctionalCall(Layer):
-    """Run any ``nn.Module`` as a pure layer through ``torch.func.functional_call``.
-
-    Holds a private copy of the module on the ``meta`` device (no real
-    tensors; made without copying the weights), so the user's module is
-    never used nor mutated. The call runs the copy's ``forward`` with
-    ``params`` (dotted ``state_dict`` names, strict) and the inputs. Buffers
-    are cloned first, so a forward that writes into them writes into a
-    temporary: the caller's TensorDict (and the module it came from) are
-    unchanged. When the module holds a BatchNorm in training mode
-    (``stateful``), the call returns ``(out, new_state)``: those clones, the
-    new running statistics (see ``functd.nn.update_state``). The weight of an
-    ``Embedding(max_norm=...)`` is renormalised in a temporary too.
-
-    Compares and hashes by identity. The module's mode (``training``) is the
-    one it had when wrapped. A module that would draw from torch's global
-    generator (dropout or RReLU in training mode) is refused: functd cannot
-    hand it a key.
-
-    Args:
-        module: any ``torch.nn.Module``.
-
-    Raises:
-        ValueError: the module holds a random submodule in training mode.
-        NotImplementedError: from ``init``; see ``functd.nn.state_to_td``.
-
-    Example:
-        >>> bn = torch.nn.BatchNorm1d(3).eval()
-        >>> layer, params = FunctionalCall(bn), state_to_td(bn)
-        >>> layer(params, torch.randn(4, 3)).shape
-        torch.Size([4, 3])
-    """
-
-    module: nn.Module
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.module, nn.Module):
-            raise TypeError(
-                f"FunctionalCall(module) takes an nn.Module; got {type(self.module).__name__}"
-            )
-        meta = _meta_copy(self.module)
-        object.__setattr__(self, "module", meta)
-        clone = {name for name, _ in meta.named_buffers()}
-        for prefix, sub in meta.named_modules():
-            if getattr(sub, "max_norm", None) is not None:  # F.embedding renorms in place
-                clone.update(f"{prefix}.{n}" if prefix else n for n, _ in sub.named_parameters())
-        stats = tuple(
-            f"{prefix}.{n}" if prefix else n
-            for prefix, sub in meta.named_modules()
-            if isinstance(sub, nn.modules.batchnorm._NormBase)
-            and sub.training
-            and sub.track_running_stats
-            for n, _ in sub.named_buffers(recurse=False)
-        )
-        _refuse_global_rng(meta, type(self.module).__name__)
-        set_derived(self, _clone=frozenset(clone), _stats=stats)
-
-    @property
-    def stateful(self) -> bool:  # type: ignore[override]
-        """True when the module holds a BatchNorm in training mode: a call then
-        returns ``(out, new_state)`` with its new running statistics."""
-        return bool(self._stats)
-
-    def _specs(self) -> dict[str, Any]:
-        raise NotImplementedError(NO_INIT.format(name=type(self.module).__name__))
-
-    def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
-        raise NotImplementedError(NO_INIT.format(name=type(self.module).__name__))
-
-    def param_shapes(self) -> dict[tuple[str, ...], tuple[int, ...]]:
-        named = chain(self.module.named_parameters(), self.module.named_buffers())
-        return {tuple(name.split(".")): tuple(t.shape) for name, t in named}
-
-    def buffer_paths(self) -> tuple[tuple[str, ...], ...]:
-        return tuple(tuple(name.split(".")) for name, _ in self.module.named_buffers())
-
-    def __call__(
-        self, params: TensorDict, *inputs: Any, key: Tensor | None = None, **kwargs: Any
-    ) -> Any:
-        flat = flat_state(params)
-        for name in self._clone.intersection(flat):
-            flat[name] = flat[name].clone()
-        out = torch.func.functional_call(self.module, flat, inputs, kwargs or None, strict=True)
-        if not self._stats:
-            return out
-        state: dict[str, Any] = {}  # the clones the forward wrote into: the new statistics
-        for name in self._stats:
-            *parents, leaf = name.split(".")
-            node = state
-            for part in parents:
-                node = node.setdefault(part, {})
-            node[leaf] = flat[name]
-        return out, TensorDict(state, [])
-
-    def __repr__(self) -> str:
-        return f"FunctionalCall({type(self.module).__name__} at {id(self):#x})"
-
-
-_RANDOM_TORCH = (nn.modules.dropout._DropoutNd, nn.RReLU)
-
-
-def _refuse_global_rng(module: nn.Module, name: str) -> None:
-    """Raise when a submodule in training mode would draw from torch's global RNG."""
-    for path, sub in module.named_modules():
-        p = getattr(sub, "p", 1.0) if isinstance(sub, nn.modules.dropout._DropoutNd) else 1.0
-        if isinstance(sub, _RANDOM_TORCH) and sub.training and p > 0:
-            where = f" at {path!r}" if path else ""
-            raise ValueError(
-                f"FunctionalCall({name}): holds {type(sub).__name__} in training mode{where}, "
-                "which would draw from torch's global generator; functd passes randomness "
-                "as keys and cannot give it one. Call module.eval() (or fd.nn.eval_mode) "
-                "for inference, or build the model from functd layers (fd.nn.Dropout "
-                "takes a key)."
-            )
-
-
-def _meta_copy(module: nn.Module) -> nn.Module:
-    """``deepcopy(module).to("meta")`` without copying the real parameters and buffers."""
-    memo: dict[int, Any] = {}
-    for t in chain(module.parameters(), module.buffers()):
-        if type(t) is nn.Parameter:
-            memo[id(t)] = nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad)
-        elif type(t) is Tensor:
-            memo[id(t)] = torch.empty_like(t, device="meta")
-        elif is_dtensor(t):  # FSDP2 / DTensor shards: a meta tensor of the global shape
-            meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
-            memo[id(t)] = nn.Parameter(meta, t.requires_grad) if t.requires_grad else meta
-    fsdp_meta_copy(module, memo)  # FSDP2 modules forbid deepcopy: their original class
-    return copy.deepcopy(module, memo).to("meta")
 
 
 # ------------------------------------------------------------------- lowering

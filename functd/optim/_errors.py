@@ -10,8 +10,9 @@ from .._td._tree import tree
 SPLIT_HINT = (
     "Optimizers update floating-point tensors only: split non-trainable entries "
     "(integer buffers such as BatchNorm's 'num_batches_tracked', masks, step counters) "
-    "off the params before the optimizer, e.g. params.exclude(...) or params.select(...), "
-    "and merge them back after the step."
+    "off the params before the optimizer and hand them to the model beside them: "
+    "`params, held = fd.partition(params, fd.trainable(model))` (or fd.trainable(params) for "
+    "every non-floating entry), optimise `params`, call the model on `fd.combine(params, held)`."
 )
 
 

@@ -1,0 +1,251 @@
+"""``FunctionalCall``: any ``nn.Module`` run as a pure layer.
+
+The layer holds a private copy of the module on the ``meta`` device (no real
+tensors). A call puts the given params into the copy's parameter and buffer
+slots, runs its ``forward`` and puts the meta tensors back, so nothing of the
+call stays behind. On plain eager calls the swap is a dict write per slot
+(``torch.func.functional_call`` re-walks the module tree on every call, which
+costs more than the model on small networks); under ``torch.compile`` the
+call is ``torch.func.functional_call``, which dynamo knows.
+
+In training mode the forward runs inside ``KeyedRandom`` (``_keyed.py``): every
+random function it calls draws from the call's ``key=``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import inspect
+import threading
+from itertools import chain
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from .._td import TensorDict
+from .._td._dtensor import is_dtensor
+from ._base import Layer, set_derived
+from ._convert import flat_state
+from ._fsdp import fsdp_meta_copy
+from ._keyed import GLOBAL_DRAW, KeyedRandom, generator_state, restore_state, same_state
+
+__all__ = ["FunctionalCall", "meta_copy"]
+
+NO_INIT = (
+    "FunctionalCall({name}).init(key): only lowered layers have a pure `init`; {name} could "
+    "not be lowered onto one (see functd.nn.lower). Take the module's current weights "
+    "instead: `params = fd.from_module(module)` (functd.nn.state_to_td(module)), or "
+    "re-initialise the torch module itself and read them again."
+)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FunctionalCall(Layer):
+    """Run any ``nn.Module`` as a pure layer.
+
+    Holds a private copy of the module on the ``meta`` device (no real
+    tensors; made without copying the weights), so the user's module is
+    never used nor mutated. A call runs the copy's ``forward`` with
+    ``params`` (dotted ``state_dict`` names, every parameter and buffer) and
+    the inputs. Buffers are cloned first, so a forward that writes into them
+    writes into a temporary: the caller's TensorDict (and the module it came
+    from) are unchanged. When the module holds a BatchNorm in training mode
+    (``stateful``), the call returns ``(out, new_state)``: those clones, the
+    new running statistics (see ``functd.nn.update_state``). The weight of an
+    ``Embedding(max_norm=...)`` is renormalised in a temporary too.
+
+    Randomness: when any submodule is in training mode the layer is ``random``
+    and its forward runs under ``KeyedRandom(key)``: ``nn.Dropout``,
+    ``F.dropout``, RNN inter-layer dropout, attention dropout, ``torch.rand``...
+    draw from the call's ``key`` (the same key gives the same output). Without
+    a key such a draw raises, naming the function. Eval mode draws nothing.
+
+    Compares and hashes by identity. The module's mode (``training``) and
+    which parameters are frozen (``requires_grad=False``) are those it had when
+    wrapped.
+
+    Args:
+        module: any ``torch.nn.Module``.
+
+    Raises:
+        NotImplementedError: from ``init``; see ``functd.nn.state_to_td``.
+
+    Example:
+        >>> bn = torch.nn.BatchNorm1d(3).eval()
+        >>> layer, params = FunctionalCall(bn), state_to_td(bn)
+        >>> layer(params, torch.randn(4, 3)).shape
+        torch.Size([4, 3])
+    """
+
+    module: nn.Module
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.module, nn.Module):
+            raise TypeError(
+                f"FunctionalCall(module) takes an nn.Module; got {type(self.module).__name__}"
+            )
+        meta = meta_copy(self.module)
+        object.__setattr__(self, "module", meta)
+        clone = {name for name, _ in meta.named_buffers()}
+        for prefix, sub in meta.named_modules():
+            if getattr(sub, "max_norm", None) is not None:  # F.embedding renorms in place
+                clone.update(f"{prefix}.{n}" if prefix else n for n, _ in sub.named_parameters())
+        stats = tuple(
+            f"{prefix}.{n}" if prefix else n
+            for prefix, sub in meta.named_modules()
+            if isinstance(sub, nn.modules.batchnorm._NormBase)
+            and sub.training
+            and sub.track_running_stats
+            for n, _ in sub.named_buffers(recurse=False)
+        )
+        frozen = tuple(
+            tuple(n.split(".")) for n, p in meta.named_parameters() if not p.requires_grad
+        )
+        set_derived(
+            self,
+            _clone=frozenset(clone),
+            _stats=stats,
+            _slots=_slots(meta),
+            _training=any(m.training for m in meta.modules()),
+            _frozen=frozen,
+            _label=f"FunctionalCall({type(meta).__name__})",
+            _lock=threading.Lock(),
+        )
+
+    @property
+    def random(self) -> bool:  # type: ignore[override]
+        """True when some submodule is in training mode: the call may draw, from ``key``."""
+        return self._training
+
+    @property
+    def stateful(self) -> bool:  # type: ignore[override]
+        """True when the module holds a BatchNorm in training mode: a call then
+        returns ``(out, new_state)`` with its new running statistics."""
+        return bool(self._stats)
+
+    def _specs(self) -> dict[str, Any]:
+        raise NotImplementedError(NO_INIT.format(name=type(self.module).__name__))
+
+    def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
+        raise NotImplementedError(NO_INIT.format(name=type(self.module).__name__))
+
+    def param_shapes(self) -> dict[tuple[str, ...], tuple[int, ...]]:
+        named = chain(self.module.named_parameters(), self.module.named_buffers())
+        return {tuple(name.split(".")): tuple(t.shape) for name, t in named}
+
+    def buffer_paths(self) -> tuple[tuple[str, ...], ...]:
+        return tuple(tuple(name.split(".")) for name, _ in self.module.named_buffers())
+
+    def frozen_paths(self) -> tuple[tuple[str, ...], ...]:
+        """Paths of the parameters that had ``requires_grad=False`` when wrapped."""
+        return self._frozen
+
+    def signature(self) -> inspect.Signature:
+        """The wrapped module's ``forward`` signature (a dict ``in_keys`` binds to it)."""
+        return inspect.signature(self.module.forward)
+
+    def __call__(
+        self, params: TensorDict, *inputs: Any, key: Tensor | None = None, **kwargs: Any
+    ) -> Any:
+        return self.call_with(params, inputs, kwargs, key)
+
+    def call_with(self, params: TensorDict, args: tuple, kwargs: dict, key: Any = None) -> Any:
+        """The call with the forward's inputs by position and by name, and the PRNG
+        ``key`` apart (a forward may have an argument named ``key``)."""
+        flat = flat_state(params)
+        for name in self._clone.intersection(flat):
+            flat[name] = flat[name].clone()
+        if not self._training:
+            out = self._forward(flat, args, kwargs)
+        elif torch.compiler.is_compiling():
+            with KeyedRandom(key, self._label):
+                out = self._forward(flat, args, kwargs)
+        else:
+            before = generator_state()
+            with KeyedRandom(key, self._label):
+                out = self._forward(flat, args, kwargs)
+            if not same_state(before, generator_state()):
+                restore_state(before)
+                raise RuntimeError(GLOBAL_DRAW.format(owner=self._label))
+        if not self._stats:
+            return out
+        state: dict[str, Any] = {}  # the clones the forward wrote into: the new statistics
+        for name in self._stats:
+            *parents, leaf = name.split(".")
+            node = state
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = flat[name]
+        return out, TensorDict(state, [])
+
+    def _forward(self, flat: dict, args: tuple, kwargs: dict) -> Any:
+        if torch.compiler.is_compiling():
+            return torch.func.functional_call(self.module, flat, args, kwargs, strict=True)
+        slots = self._slots
+        if len(flat) != len(slots):
+            _bad_names(self, flat)
+        with self._lock:  # the meta copy is shared by every caller of this layer
+            try:
+                for name, value in flat.items():
+                    places = slots.get(name)
+                    if places is None:
+                        _bad_names(self, flat)
+                    for d, attr, _ in places:
+                        d[attr] = value
+                return self.module(*args, **kwargs)
+            finally:  # the meta tensors back: the copy keeps nothing of the call
+                for places in slots.values():
+                    for d, attr, meta in places:
+                        d[attr] = meta
+
+    def __repr__(self) -> str:
+        return f"FunctionalCall({type(self.module).__name__} at {id(self):#x})"
+
+    def __deepcopy__(self, memo: dict) -> FunctionalCall:
+        return FunctionalCall(self.module)  # a fresh meta copy, lock and slots
+
+
+def _slots(meta: nn.Module) -> dict[str, tuple]:
+    """``{dotted name: ((slot dict, attr, meta tensor), ...)}``: every place a tensor of the
+    meta copy sits (a tied tensor under each of its names), keyed by the name
+    ``state_to_td`` gives it (the first)."""
+    first: dict[int, str] = {}
+    for name, t in chain(meta.named_parameters(), meta.named_buffers()):
+        first.setdefault(id(t), name)
+    places: dict[str, list] = {name: [] for name in first.values()}
+    seen: set = set()
+    for sub in meta.modules():
+        for slot in (sub._parameters, sub._buffers):
+            for attr, t in slot.items():
+                if t is None or (id(slot), attr) in seen:
+                    continue
+                seen.add((id(slot), attr))
+                places[first[id(t)]].append((slot, attr, t))
+    return {name: tuple(p) for name, p in places.items()}
+
+
+def _bad_names(layer: FunctionalCall, flat: dict) -> None:
+    missing = sorted(set(layer._slots) - set(flat))
+    extra = sorted(set(flat) - set(layer._slots))
+    raise KeyError(
+        f"{layer._label}: params do not match the module's parameters and buffers: missing "
+        f"{missing or '(none)'}; unexpected {extra or '(none)'}. Take them with "
+        "fd.from_module(module)."
+    )
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """``deepcopy(module).to("meta")`` without copying the real parameters and buffers."""
+    memo: dict[int, Any] = {}
+    for t in chain(module.parameters(), module.buffers()):
+        if type(t) is nn.Parameter:
+            memo[id(t)] = nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad)
+        elif type(t) is Tensor:
+            memo[id(t)] = torch.empty_like(t, device="meta")
+        elif is_dtensor(t):  # FSDP2 / DTensor shards: a meta tensor of the global shape
+            meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
+            memo[id(t)] = nn.Parameter(meta, t.requires_grad) if t.requires_grad else meta
+    fsdp_meta_copy(module, memo)  # FSDP2 modules forbid deepcopy: their original class
+    return copy.deepcopy(module, memo).to("meta")
