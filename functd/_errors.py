@@ -73,8 +73,11 @@ EMPTY_KEY = (
 )
 BATCH_MISMATCH = (
     "TensorDict entry {key} has shape {shape}, which does not start with the batch size "
-    "{batch_size}. Every leaf's leading dims must equal batch_size: reshape the leaf, or "
-    "build the TensorDict with batch_size={suggest}."
+    "{batch_size}. Every leaf's leading dims must equal batch_size. A leaf shared by every "
+    "batch element (an attention mask, a constant) does not belong in a batched TensorDict: "
+    "expand it (x.expand({batch_size} + list(x.shape))), or keep it out (close over it in the "
+    "module's function, or put it in a TensorDict of batch size []). Only if the batch dims "
+    "really are {suggest}, build the TensorDict with batch_size={suggest}."
 )
 BAD_BATCH = (
     "batch_size must be a sequence of non-negative ints, got {batch_size!r}. "

@@ -199,7 +199,7 @@ def test_functional_call_draws_dropout_from_the_key_in_training_mode():
     params, x = fd.from_module(m), torch.randn(4, 3)
     with pytest.raises(
         ValueError,
-        match=r"FunctionalCall\(_NoisyNet\): dropout\(p=0.5\) draws random numbers.*key=fd",
+        match=r"FunctionalCall\(_NoisyNet\): F.dropout\(p=0.5\) draws random numbers.*key=fd",
     ):
         m(params, x=x)
     rng = torch.get_rng_state()

@@ -256,6 +256,7 @@ def call_td(
     the argument checks, then ``run(params, data, batch_size, opts)`` on a working
     copy of the td's entries, which becomes the new td."""
     if td is None:
+        _option_names(m, call_kw)
         return keyword_call(m, params, key, tensors, call_kw)
     if tensors:
         raise TypeError(f"{m._label()}: pass either a TensorDict or keyword tensors, not both.")
@@ -275,6 +276,22 @@ def apply_with_state(m: Any, params: Any, td: Any, opts: Options) -> tuple[Tenso
     if state is None:
         state = _new({}, torch.Size([]))
     return _new(data, td._batch_size), state
+
+
+def _option_names(m: Any, call_kw: dict | None) -> None:
+    """The keyword form cannot tell an in_key named like a call option (``key``,
+    ``interaction``) from the option: refuse it, with the two forms that can."""
+    options = {"key", *(call_kw or ())}
+    clash = [k for k in m.in_keys if _kwarg_name(k) in options]
+    if clash:
+        name = _kwarg_name(clash[0])
+        raise TypeError(
+            f"{m._label()} reads the entry {E.fmt_key(clash[0])}, whose keyword {name}= is also "
+            f"the call option {name}= (the PRNG key{'' if name == 'key' else ' / option'}), so "
+            f"the keyword form m(params, {name}=...) is ambiguous. Pass a TensorDict, "
+            f"m(params, fd.TensorDict({{{name!r}: tensor, ...}})), or the tensors positionally "
+            f"in in_keys order, m(params, *tensors, key=prng_key)."
+        )
 
 
 def _kwarg_name(key: Key) -> str:
@@ -382,5 +399,34 @@ def bad_params(m: Any, params: Any):
     what = "nothing" if params is None else f"a {type(params).__name__}"
     raise TypeError(
         f"{m._label()} has parameters but was given {what} as params. Call "
-        "m(params, td) with params = m.init(fd.random.key(0)) or fd.from_module(m)."
+        f"m(params, td) with params = {params_hint(m)}."
     )
+
+
+def params_hint(m: Any, name: str = "m") -> str:
+    """Where ``m``'s params come from, for error messages: ``fd.from_module(m)`` when it
+    wraps torch modules (their weights; ``init`` raises for a module functd runs
+    through ``FunctionalCall``), ``m.init(key)`` for fresh weights when it can."""
+    wraps, inits = _sources(m)
+    ways = []
+    if wraps:
+        ways.append(f"fd.from_module({name}) (the weights of the torch modules it wraps)")
+    if inits:
+        ways.append(f"{name}.init(fd.random.key(0)) (fresh weights)")
+    return " or ".join(ways) or f"fd.from_module({name})"
+
+
+def _sources(m: Any) -> tuple[bool, bool]:
+    """(wraps a torch module, every layer can ``init``) over ``m`` and its children."""
+    kids = m.children()
+    if kids:
+        parts = [_sources(c) for _, c in kids if c.has_params]
+        return any(w for w, _ in parts), all(i for _, i in parts)
+    fn = getattr(m, "fn", None)
+    try:
+        if fn is not None and hasattr(fn, "_specs"):
+            fn._specs()
+        inits = True
+    except NotImplementedError:  # FunctionalCall (or a Chain holding one): no pure init
+        inits = False
+    return m.torch_source() is not None, inits

@@ -21,6 +21,7 @@ from .. import _errors as E
 from .._td import TensorDict, _set_checked
 from .._td import _dtensor as _dt
 from .._td._dtensor import _base, _from_local, mixed_mesh_error, one_mesh, seen
+from ._call import params_hint
 from ._keys import key_diff
 
 __all__ = ["_check_params", "_layout"]
@@ -97,7 +98,7 @@ def _check_params(m: Any, params: TensorDict) -> None:
         raise KeyError(
             f"{m._label()}: params do not match the layout of {m._fn!r}: missing "
             f"{E.fmt_keys(missing)}; unexpected {E.fmt_keys(extra)}. Were these params made "
-            "for another module? Use m.init(key) or fd.from_module(m)."
+            f"for another module? Use {params_hint(m)}."
         )
     for k, shape in expected.items():
         if tuple(got[k].shape) != tuple(shape):

@@ -25,7 +25,7 @@ from .. import _errors as E
 from .._td import Key, TensorDict, _is_dynamo, _new
 from ..random import fold_in
 from . import _plan
-from ._call import ModuleKind, Options, call_td, options, positional_call
+from ._call import ModuleKind, Options, call_td, options, params_hint, positional_call
 from ._keys import as_keys
 from ._plan import _early_drops
 
@@ -443,7 +443,7 @@ class SequenceKind(ModuleKind):
             f"{self._label()}: params have unexpected entr{'y' if len(extra) == 1 else 'ies'} "
             f"{E.fmt_keys(extra)}: no module with parameters is named so (they are "
             f"{E.fmt_keys(sorted(names, key=_by_position))}). Were these params made for "
-            "another module? Use seq.init(key) or fd.from_module(seq)."
+            f"another module? Use {params_hint(self, 'seq')}."
         )
 
     def _bad_params(self, params: Any, name: str, m: Any):
@@ -451,12 +451,12 @@ class SequenceKind(ModuleKind):
             what = "nothing" if params is None else f"a {type(params).__name__}"
             raise TypeError(
                 f"{self._label()} has parameters but was given {what} as params. Call "
-                "seq(params, td) with params = seq.init(fd.random.key(0)) or fd.from_module(seq)."
+                f"seq(params, td) with params = {params_hint(self, 'seq')}."
             )
         raise KeyError(
             f"{self._label()}: params lack entry {name!r} for module {name} ({m._label()}); "
             f"params have: {E.fmt_keys(params.keys())}. Were they made for another module? "
-            "Use seq.init(key) or fd.from_module(seq)."
+            f"Use {params_hint(self, 'seq')}."
         )
 
 

@@ -59,7 +59,7 @@ def _split(td: TensorDict, keep: Filter, prefix: tuple) -> tuple[TensorDict, Ten
         path = (*prefix, k)
         if type(v) is TensorDict:
             va, vb = _split(v, keep, path)
-            if va._data:
+            if va._data or not vb._data:  # an empty nested TensorDict stays in ``kept``
                 a[k] = va
             if vb._data:
                 b[k] = vb

@@ -107,7 +107,7 @@ def restore_state(state: tuple) -> None:
 def _dropout(mode, input, p=0.5, training=True, inplace=False):
     if not training or p == 0 or input.numel() == 0:
         return input
-    return _apply(input, keyed_dropout(input, p, mode.next_key(f"dropout(p={p})")), inplace)
+    return _apply(input, keyed_dropout(input, p, mode.next_key(f"F.dropout(p={p})")), inplace)
 
 
 def _feature(mode, input, p, training, inplace, batched_dims, op, alpha=False):

@@ -31,6 +31,15 @@ def non_floating(where: str, path: tuple, dtype) -> str:
     )
 
 
+def sparse_grad(where: str, path: tuple, layout) -> str:
+    return (
+        f"{where}: grads entry {fmt_key(path)} is a {layout} tensor (a sparse gradient, from "
+        "nn.Embedding(sparse=True) or nn.EmbeddingBag(sparse=True)); functd's optimizers take "
+        "dense gradients. Build the layer with sparse=False (functd then lowers it onto "
+        "fd.nn.Embedding), or densify the gradients first: grads.apply(lambda g: g.to_dense())."
+    )
+
+
 def wrong_state(where: str, expected: tuple, got: tuple) -> str:
     return (
         f"{where}: opt_state does not come from this optimizer's init: expected the "

@@ -28,6 +28,7 @@ from .._td._tree import flat_leaves, same_keys, tree
 from . import _errors as E
 
 Scalar = float | Tensor
+_STRIDED = torch.strided
 
 
 # ------------------------------------------------------------------ checks
@@ -36,7 +37,11 @@ def checked_leaves(where: str, what: str, td: Any) -> tuple[list[Tensor], Tensor
     template for ``unflatten_like``); raises a clear TypeError for anything else."""
     if not isinstance(td, TensorDict):
         raise TypeError(E.not_a_td(where, what, td))
-    return flat_leaves(td), td
+    leaves = flat_leaves(td)
+    if what == "grads" and not all(x.layout is _STRIDED for x in leaves):
+        path = next(p for p, x in zip(tree.paths(td), leaves) if x.layout is not _STRIDED)
+        raise TypeError(E.sparse_grad(where, path, leaves[tree.paths(td).index(path)].layout))
+    return leaves, td
 
 
 def check_params(where: str, params: Any) -> list[Tensor]:
