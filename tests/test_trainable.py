@@ -65,7 +65,7 @@ def test_trainable_names_buffers_and_frozen_parameters():
     held = {("emb", "weight"), ("bias2",), ("steps",)}
     assert fd.trainable(m).held == held
     assert fd.trainable(net).held == held
-    params, rest = fd.partition(fd.from_module(m), fd.trainable(m))
+    params, _ = fd.partition(fd.from_module(m), fd.trainable(m))
     assert set(params.keys(True, True)) == {("lin", "weight"), ("lin", "bias")}
     seq = fd.Module(nn.Linear(3, 4), ["x"], ["h"]) >> fd.Module(nn.BatchNorm1d(4), ["h"], ["y"])
     assert fd.trainable(seq).held == {
@@ -123,7 +123,7 @@ def test_natural_path_trains_what_torch_trains_in_lockstep_with_torch_optim():
     torch_opt = torch.optim.AdamW(
         [p for p in ref.parameters() if p.requires_grad], 1e-2, weight_decay=0.1
     )
-    for i in range(3):
+    for _ in range(3):
         batch = fd.TensorDict({"ids": torch.randint(0, 10, (6,))}, [6])
         params, state, _ = step(params, state, batch, None)
         torch_opt.zero_grad()
