@@ -23,6 +23,7 @@ demo: $(STAMP)
 	QUICK=1 $(BIN)/python examples/train_regression.py
 	QUICK=1 $(BIN)/python examples/train_ensemble.py
 	QUICK=1 $(BIN)/python examples/train_policy.py
+	QUICK=1 $(BIN)/python examples/finetune_hf.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

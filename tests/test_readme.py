@@ -7,6 +7,7 @@ import re
 import warnings
 from pathlib import Path
 
+import pytest
 import torch
 
 import functd as fd
@@ -25,6 +26,7 @@ def test_readme_has_python_blocks():
 
 
 def test_readme_code_blocks_run_in_order(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")  # "A real model" (the models extra)
     monkeypatch.chdir(tmp_path)
     ns: dict = {"__name__": "__readme__"}
     with warnings.catch_warnings(record=True) as caught:
