@@ -116,9 +116,10 @@ class EmbeddingBag(Layer):
     same numbers up to float rounding, and it works in ensembles.
 
     Raises:
-        ValueError: an unknown mode; at call time, offsets missing for a 1-D
-            input or given for a batched one, or per_sample_weights with a
-            mode other than ``"sum"`` or of another shape than ``input``.
+        ValueError: an unknown mode; at call time (as torch), offsets missing
+            for a 1-D input or given for a batched one, per_sample_weights with
+            a mode other than ``"sum"`` or of another shape than ``input``, or
+            ``mode="max"`` with ``scale_grad_by_freq``.
 
     Example:
         >>> bag = EmbeddingBag(10, 3, mode="sum")
@@ -151,6 +152,11 @@ class EmbeddingBag(Layer):
         key: Tensor | None = None,
     ) -> Tensor:
         psw = per_sample_weights
+        if self.mode == "max" and self.scale_grad_by_freq:  # as torch, at call time
+            raise ValueError(
+                "EmbeddingBag: max mode does not support scaling the gradient by the "
+                "frequency; build it with scale_grad_by_freq=False or another mode."
+            )
         if psw is not None:
             if self.mode != "sum":
                 raise ValueError(
