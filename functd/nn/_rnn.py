@@ -7,7 +7,9 @@ the steps in ``_recurrent.py`` (the input projection of every step computed
 at once, as ATen's CPU code does), so ensembles vmap and the layer compiles
 with ``fullgraph=True``. On plain eager CPU tensors (no ``vmap``/``grad``
 wrapper, not compiling; ``functd._eager.plain``) the call runs torch's fused
-op instead, one call per layer: the same function, many times faster.
+op instead, once for the stack (once per layer when it drops between
+layers): the same function at torch's speed (the loop is 1.8-3x slower,
+``benchmarks/rnn.py``).
 
 Parameters are named like the torch module's ``state_dict()``
 (``weight_ih_l0``, ``bias_hh_l1_reverse``, ``weight_hr_l0``...). Inter-layer
@@ -24,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence
 
 from .. import random as fr
 from .._eager import plain
@@ -70,7 +73,7 @@ class _RNNBase(Layer):
         for layer in range(self.num_layers):
             for suffix in ("", "_reverse")[:dirs]:
                 kinds = ["weight_ih", "weight_hh"] + ["bias_ih", "bias_hh"] * self.bias
-                kinds += ["weight_hr"] * (self._out_size() != self.hidden_size)
+                kinds += ["weight_hr"] * (out != self.hidden_size)
                 names.append(tuple(f"{k}_l{layer}{suffix}" for k in kinds))
         set_derived(
             self,
@@ -106,7 +109,7 @@ class _RNNBase(Layer):
         """Check the input's and state's ranks and sizes as torch's ``forward`` does."""
         name = type(self).__name__
         if not isinstance(x, Tensor):
-            if type(x).__name__ == "PackedSequence":
+            if isinstance(x, PackedSequence):
                 raise TypeError(PACKED.format(name=name))
             raise TypeError(f"{name}: input must be a tensor; got {type(x).__name__}")
         if x.dim() not in (2, 3):
