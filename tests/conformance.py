@@ -40,8 +40,42 @@ class _Custom(nn.Module):
         return torch.tanh(x @ self.w) * self.scale
 
 
+@dataclasses.dataclass(frozen=True)
+class _BatchFirstStates(fd.nn.Layer):
+    """A whole-sequence RNN/GRU/LSTM with flat outputs whose batch dim leads, as
+    ``fd.Module`` writes them into a TensorDict: ``(output, h_n[, c_n])`` with the
+    states' torch layout ``(layers * dirs, N, H)`` moved to ``(N, layers * dirs, H)``
+    for a batched input (an unbatched one, a sample under vmap, has no N)."""
+
+    inner: fd.nn.Layer
+
+    @property
+    def random(self):
+        return self.inner.random
+
+    def _specs(self):
+        return self.inner._specs()
+
+    def __call__(self, params, x, *, key=None):
+        out, state = self.inner(params, x, key=key)
+        states = state if isinstance(state, tuple) else (state,)
+        if x.dim() == 3:
+            states = tuple(s.movedim(1, 0) for s in states)
+        return (out, *states)
+
+
+def _adapt(layer):
+    recurrent = (fd.nn.RNN, fd.nn.GRU, fd.nn.LSTM)
+    return _BatchFirstStates(layer) if isinstance(layer, recurrent) else layer
+
+
 def _layer_entry(name: str) -> Entry:
-    factory, inputs = LAYER_CASES[name]
+    base, inputs = LAYER_CASES[name]
+    covers = type(base())
+
+    def factory():
+        return _adapt(base())
+
     layer = factory()
     in_keys = [f"in{i}" for i in range(len(inputs()))]
     probe = layer(layer.init(0), *inputs(), key=fd.random.key(0)) if layer.random else None
@@ -57,10 +91,10 @@ def _layer_entry(name: str) -> Entry:
         return fd.TensorDict(dict(zip(in_keys, xs)), [B])
 
     return Entry(
-        covers=type(layer),
+        covers=covers,
         make=lambda: fd.Module(factory(), in_keys, out_keys),
         example=example,
-        float_inputs=name != "Embedding",
+        float_inputs=not name.startswith("Embedding"),
     )
 
 

@@ -165,3 +165,24 @@ def test_keyword_bound_module_inside_a_sequential_plan():
     for _ in range(2):  # the second call runs the cached plan
         out = seq(params, _td(ka=A, kc=C))
         torch.testing.assert_close(out["z"], torch.tanh(net(a=A, c=C)))
+
+
+def test_lstm_outputs_flatten_onto_out_keys():
+    """nn.LSTM returns (output, (h_n, c_n)): three out_keys take the three tensors."""
+    lstm = nn.LSTM(3, 4, num_layers=2, batch_first=True)
+    m = fd.Module(lstm, ["x"], ["out", "h", "c"])
+    x = torch.randn(5, 7, 3)
+    out = m(fd.from_module(m), fd.TensorDict({"x": x}, []))
+    ref_out, (ref_h, ref_c) = lstm(x)
+    torch.testing.assert_close(out["out"], ref_out)
+    torch.testing.assert_close(out["h"], ref_h)
+    torch.testing.assert_close(out["c"], ref_c)
+    # h_n, c_n are (layers, N, H): a batched td takes the selected output only
+    sel = m.select_out_keys("out")(fd.from_module(m), fd.TensorDict({"x": x}, [5]))
+    torch.testing.assert_close(sel["out"], ref_out)
+
+
+def test_from_module_of_a_lowered_layer_points_to_the_torch_module():
+    net = nn.Sequential(nn.Linear(3, 3), nn.Softmin(-1))
+    with pytest.raises(TypeError, match=r"Pass the torch module itself, fd.Module\(net"):
+        fd.from_module(fd.Module(fd.nn.lower(net, fallback=True), ["x"], ["y"]))

@@ -6,7 +6,6 @@ torch's global generator is neither read nor advanced, and a draw without a key
 raises, naming the function.
 """
 
-
 import pytest
 import torch
 import torch.nn as nn

@@ -208,7 +208,10 @@ CASES: dict[str, Case] = {
 
 
 def _tensors(out: Any) -> list[torch.Tensor | None]:
-    return list(out) if isinstance(out, tuple) else [out]
+    """The outputs, flat (an LSTM's ``(output, (h_n, c_n))`` too)."""
+    if not isinstance(out, tuple):
+        return [out]
+    return [t for o in out for t in _tensors(o)]
 
 
 def _torch_call(case: Case, m: nn.Module, *args: Any) -> Any:
@@ -564,8 +567,10 @@ def test_layers_registry_is_complete():
         layer, args = factory(), inputs()
         assert type(layer).__name__ == name and all(a.shape[0] == 4 for a in args)
         key = fr.key(0) if layer.random else None
-        out = layer(layer.init(0), *args, key=key)
-        assert all(o.shape[0] == 4 for o in _tensors(out) if o is not None), name
+        out = _tensors(layer(layer.init(0), *args, key=key))
+        if isinstance(layer, fnn.RNN | fnn.GRU | fnn.LSTM):  # states: (layers * dirs, N, H)
+            out = [out[0], *(s.movedim(1, 0) for s in out[1:])]
+        assert all(o.shape[0] == 4 for o in out if o is not None), name
 
 
 # -------------------------------------------------------------- transforms
@@ -583,7 +588,7 @@ def test_layers_under_vmap_and_compile_smoke():
 
 
 def _as_tuple(out: Any) -> tuple:
-    return out if isinstance(out, tuple) else (out,)
+    return tuple(_tensors(out))
 
 
 def _assert_outputs_close(a: Any, b: Any) -> None:

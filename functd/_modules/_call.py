@@ -407,7 +407,7 @@ def params_hint(m: Any, name: str = "m") -> str:
     """Where ``m``'s params come from, for error messages: ``fd.from_module(m)`` when it
     wraps torch modules (their weights; ``init`` raises for a module functd runs
     through ``FunctionalCall``), ``m.init(key)`` for fresh weights when it can."""
-    wraps, inits = _sources(m)
+    wraps, inits = param_sources(m)
     ways = []
     if wraps:
         ways.append(f"fd.from_module({name}) (the weights of the torch modules it wraps)")
@@ -416,11 +416,11 @@ def params_hint(m: Any, name: str = "m") -> str:
     return " or ".join(ways) or f"fd.from_module({name})"
 
 
-def _sources(m: Any) -> tuple[bool, bool]:
+def param_sources(m: Any) -> tuple[bool, bool]:
     """(wraps a torch module, every layer can ``init``) over ``m`` and its children."""
     kids = m.children()
     if kids:
-        parts = [_sources(c) for _, c in kids if c.has_params]
+        parts = [param_sources(c) for _, c in kids if c.has_params]
         return any(w for w, _ in parts), all(i for _, i in parts)
     fn = getattr(m, "fn", None)
     try:

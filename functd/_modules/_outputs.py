@@ -43,6 +43,9 @@ def _write_outputs(self: Any, data: dict, bs: torch.Size, out: Any) -> None:
         return
     if not isinstance(out, tuple | list):
         out = (out,)
+    if len(out) != len(outs):  # nested tuples, as nn.LSTM's (output, (h_n, c_n)): flattened
+        flat = _flat(out)
+        out = flat if len(flat) == len(outs) else out
     if len(out) != len(outs):
         raise ValueError(
             f"{self._label()}: the function returned {len(out)} output(s) but out_keys has "
@@ -51,6 +54,10 @@ def _write_outputs(self: Any, data: dict, bs: torch.Size, out: Any) -> None:
     for k, v in zip(outs, out):
         if sel is outs or k in sel:
             _write(self, data, bs, k, v)
+
+
+def _flat(out: tuple | list) -> tuple:
+    return tuple(x for v in out for x in (_flat(v) if isinstance(v, tuple | list) else (v,)))
 
 
 def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:

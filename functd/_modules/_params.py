@@ -14,7 +14,7 @@ import torch
 
 from .._td import TensorDict, _new
 from ..nn._convert import load_td, state_to_td
-from ._call import ModuleKind
+from ._call import ModuleKind, param_sources
 
 __all__ = ["from_module", "to_module"]
 
@@ -41,6 +41,13 @@ def from_module(module: Any) -> TensorDict:
         if source is not None:
             return state_to_td(source)
         if module.has_params:
+            if not param_sources(module)[1]:  # a FunctionalCall inside: no init either
+                raise TypeError(
+                    f"fd.from_module: {module._label()} wraps {module.fn!r}, a layer made from "
+                    "a torch module (fd.nn.lower keeps the config, never the weights). Pass the "
+                    "torch module itself, fd.Module(net, in_keys, out_keys): fd.from_module "
+                    "reads its weights."
+                )
             raise TypeError(
                 f"fd.from_module: {module._label()} wraps the functd layer {module.fn!r}, not a "
                 "torch module, so it holds no weights; create them with m.init(fd.random.key(0))."

@@ -63,22 +63,55 @@ from ._convert import load_td as load_td
 from ._convert import state_to_td as state_to_td
 from ._dropout import Dropout as Dropout
 from ._embedding import Embedding as Embedding
+from ._embedding import EmbeddingBag as EmbeddingBag
 from ._linear import Bilinear as Bilinear
 from ._linear import Flatten as Flatten
 from ._linear import Identity as Identity
 from ._linear import Linear as Linear
+from ._linear import Unflatten as Unflatten
 from ._lower import FunctionalCall as FunctionalCall
 from ._lower import lower as lower
 from ._mlp import MLP as MLP
 from ._norm import GroupNorm as GroupNorm
 from ._norm import LayerNorm as LayerNorm
 from ._norm import RMSNorm as RMSNorm
+from ._pool import AdaptiveAvgPool1d as AdaptiveAvgPool1d
+from ._pool import AdaptiveAvgPool2d as AdaptiveAvgPool2d
+from ._pool import AdaptiveAvgPool3d as AdaptiveAvgPool3d
+from ._pool import AdaptiveMaxPool1d as AdaptiveMaxPool1d
+from ._pool import AdaptiveMaxPool2d as AdaptiveMaxPool2d
+from ._pool import AdaptiveMaxPool3d as AdaptiveMaxPool3d
+from ._pool import AvgPool1d as AvgPool1d
+from ._pool import AvgPool2d as AvgPool2d
+from ._pool import AvgPool3d as AvgPool3d
+from ._pool import LPPool1d as LPPool1d
+from ._pool import LPPool2d as LPPool2d
+from ._pool import LPPool3d as LPPool3d
+from ._pool import MaxPool1d as MaxPool1d
+from ._pool import MaxPool2d as MaxPool2d
+from ._pool import MaxPool3d as MaxPool3d
 from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
 from ._recurrent import RNNCell as RNNCell
+from ._rnn import GRU as GRU
+from ._rnn import LSTM as LSTM
+from ._rnn import RNN as RNN
+from ._spatial import Pad as Pad
+from ._spatial import PixelShuffle as PixelShuffle
+from ._spatial import PixelUnshuffle as PixelUnshuffle
+from ._spatial import Upsample as Upsample
 
 #: Every public pure layer class (the conformance registry checks each has a case).
 LAYERS: tuple[type, ...] = (
+    AdaptiveAvgPool1d,
+    AdaptiveAvgPool2d,
+    AdaptiveAvgPool3d,
+    AdaptiveMaxPool1d,
+    AdaptiveMaxPool2d,
+    AdaptiveMaxPool3d,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
     BatchNorm1d,
     BatchNorm2d,
     BatchNorm3d,
@@ -94,9 +127,11 @@ LAYERS: tuple[type, ...] = (
     Dropout,
     ELU,
     Embedding,
+    EmbeddingBag,
     Flatten,
     GELU,
     GroupNorm,
+    GRU,
     GRUCell,
     Hardsigmoid,
     Hardswish,
@@ -107,14 +142,25 @@ LAYERS: tuple[type, ...] = (
     Linear,
     LogSigmoid,
     LogSoftmax,
+    LPPool1d,
+    LPPool2d,
+    LPPool3d,
+    LSTM,
     LSTMCell,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
     Mish,
     MLP,
     MultiheadAttention,
+    Pad,
+    PixelShuffle,
+    PixelUnshuffle,
     PReLU,
     ReLU,
     ReLU6,
     RMSNorm,
+    RNN,
     RNNCell,
     SELU,
     Sigmoid,
@@ -124,4 +170,6 @@ LAYERS: tuple[type, ...] = (
     Softsign,
     Tanh,
     Tanhshrink,
+    Unflatten,
+    Upsample,
 )

@@ -1,4 +1,4 @@
-"""Linear, Bilinear, Identity and Flatten."""
+"""Linear, Bilinear, Identity, Flatten and Unflatten."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .._td import TensorDict
 from .._td import _dtensor as _dt
 from ._base import Layer, ParamSpec, fan_in_bound, uniform
 
-__all__ = ["Bilinear", "Flatten", "Identity", "Linear"]
+__all__ = ["Bilinear", "Flatten", "Identity", "Linear", "Unflatten"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,3 +127,29 @@ class Flatten(Layer):
 
     def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
         return x.flatten(self.start_dim, self.end_dim)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unflatten(Layer):
+    """``x.unflatten(dim, unflattened_size)``, as ``torch.nn.Unflatten`` (with an int ``dim``;
+    torch's named-tensor form is not offered).
+
+    Example:
+        >>> un = Unflatten(1, (3, 4))
+        >>> un(un.init(0), torch.zeros(2, 12)).shape
+        torch.Size([2, 3, 4])
+    """
+
+    dim: int
+    unflattened_size: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        sizes = tuple(self.unflattened_size)
+        if isinstance(self.dim, bool) or not isinstance(self.dim, int):
+            raise TypeError(f"Unflatten: dim must be an int; got {self.dim!r}")
+        if not all(isinstance(s, int) and not isinstance(s, bool) for s in sizes):
+            raise TypeError(f"Unflatten: unflattened_size must be ints; got {sizes!r}")
+        object.__setattr__(self, "unflattened_size", sizes)
+
+    def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | None = None) -> Tensor:
+        return x.unflatten(self.dim, self.unflattened_size)

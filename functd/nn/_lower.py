@@ -18,18 +18,21 @@ from typing import Any
 from torch import nn
 
 from . import _activation as A
+from . import _pool as P
 from ._attention import MultiheadAttention
 from ._base import Layer
 from ._batchnorm import BatchNorm1d, BatchNorm2d, BatchNorm3d
 from ._chain import Chain
 from ._conv import Conv1d, Conv2d, Conv3d, ConvTranspose1d, ConvTranspose2d, ConvTranspose3d
 from ._dropout import Dropout
-from ._embedding import Embedding
+from ._embedding import Embedding, EmbeddingBag
 from ._fsdp import orig_type, user_hooks
 from ._functional_call import FunctionalCall
-from ._linear import Bilinear, Flatten, Identity, Linear
+from ._linear import Bilinear, Flatten, Identity, Linear, Unflatten
 from ._norm import GroupNorm, LayerNorm, RMSNorm
 from ._recurrent import GRUCell, LSTMCell, RNNCell
+from ._rnn import GRU, LSTM, RNN
+from ._spatial import Pad, PixelShuffle, PixelUnshuffle, Upsample
 
 __all__ = ["FunctionalCall", "lower"]
 
@@ -39,23 +42,32 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
     """The pure layer computing the same function as ``module``, or None.
 
     Lowered (exact types only; every option that changes the math is kept):
-    ``Linear, Bilinear, Identity, Flatten, Conv1d/2d/3d, ConvTranspose1d/2d/3d,
-    Embedding, LayerNorm, GroupNorm, RMSNorm, BatchNorm1d/2d/3d (``training``
-    from the module's mode), RNNCell, GRUCell, LSTMCell, MultiheadAttention``, the parameter-free activations, ``PReLU``,
-    ``Dropout`` (``inference = not module.training``) and ``Sequential`` of
-    these (a ``Chain``). The layer's parameters are ``state_to_td(module)``.
+    ``Linear, Bilinear, Identity, Flatten, Unflatten`` (int ``dim``),
+    ``Conv1d/2d/3d, ConvTranspose1d/2d/3d, Embedding, EmbeddingBag,
+    LayerNorm, GroupNorm, RMSNorm, BatchNorm1d/2d/3d`` (``training`` from the
+    module's mode), ``RNNCell, GRUCell, LSTMCell``, ``RNN, GRU, LSTM``
+    (``training`` from the module's mode: keyed inter-layer dropout),
+    ``MultiheadAttention``, ``MaxPool/AvgPool/LPPool/AdaptiveMaxPool/
+    AdaptiveAvgPool 1d/2d/3d``, the padding modules ``ZeroPad, ConstantPad,
+    ReflectionPad, ReplicationPad, CircularPad 1d/2d/3d`` (one ``Pad``),
+    ``Upsample, UpsamplingNearest2d, UpsamplingBilinear2d`` (one
+    ``Upsample``), ``PixelShuffle, PixelUnshuffle``, the parameter-free
+    activations, ``PReLU``, ``Dropout`` (``inference = not module.training``)
+    and ``Sequential`` (a ``Chain``, child by child: a child that is not
+    lowered runs as ``FunctionalCall(child)`` inside it). The layer's
+    parameters are ``state_to_td(module)``.
 
     None (the caller falls back to ``FunctionalCall``) for any other module,
     a subclass, a module with forward/backward hooks or an instance-level
     ``forward``, and configs with no exact pure counterpart:
-    ``Embedding(max_norm=...)`` or ``sparse=True``, ``Softmax(dim=None)``,
-    ``MultiheadAttention`` with ``dropout > 0`` in training mode, a
-    ``Sequential`` with a child that is not lowered or with shared children.
+    ``Embedding``/``EmbeddingBag`` with ``max_norm`` or ``sparse=True``,
+    ``Softmax(dim=None)``, ``MultiheadAttention`` with ``dropout > 0`` in
+    training mode, ``Unflatten`` with a named dim, a ``Sequential`` with
+    shared children or with a child that ``FunctionalCall`` refuses.
 
     Args:
         module: a torch module (a functd layer is returned unchanged).
-        fallback: return ``FunctionalCall(module)`` instead of None, and wrap
-            the children of a ``Sequential`` that are not lowered.
+        fallback: return ``FunctionalCall(module)`` instead of None.
 
     Example:
         >>> lower(torch.nn.Linear(3, 4))
@@ -101,14 +113,11 @@ def _has_hooks(m: nn.Module) -> bool:
     return any(getattr(nn.modules.module, h, None) for h in _GLOBAL_HOOKS)
 
 
-def _sequential(m: nn.Sequential, fallback: bool) -> Chain | None:
+def _sequential(m: nn.Sequential, fallback: bool) -> Chain:
+    """A Chain of the children, each lowered or else wrapped in ``FunctionalCall``
+    (whatever ``fallback`` says: one custom child leaves the rest lowered)."""
     names = tuple(m._modules)
-    layers = []
-    for child in m._modules.values():
-        layer = lower(child, fallback=fallback)
-        if layer is None:
-            return None
-        layers.append(layer)
+    layers = [lower(child, fallback=True) for child in m._modules.values()]
     positional = names == tuple(str(i) for i in range(len(names)))
     return Chain(tuple(layers), None if positional else names)
 
@@ -172,9 +181,68 @@ def _batchnorm(cls: type) -> Callable[[Any, bool], Layer | None]:
     return rule
 
 
+def _embedding_bag(m: nn.EmbeddingBag, fallback: bool) -> EmbeddingBag | None:
+    if m.max_norm is not None or m.sparse:
+        return None
+    return EmbeddingBag(
+        m.num_embeddings,
+        m.embedding_dim,
+        m.scale_grad_by_freq,
+        m.mode,
+        m.include_last_offset,
+        m.padding_idx,
+    )
+
+
+def _rnn(m: nn.RNNBase, fallback: bool) -> Layer | None:
+    if m.proj_size and m.mode != "LSTM":  # torch refuses it too; nothing to mirror
+        return None
+    common = {
+        "num_layers": m.num_layers,
+        "bias": m.bias,
+        "batch_first": m.batch_first,
+        "dropout": m.dropout,
+        "bidirectional": m.bidirectional,
+        "training": m.training,
+    }
+    if m.mode == "LSTM":
+        return LSTM(m.input_size, m.hidden_size, proj_size=m.proj_size, **common)
+    if m.mode == "GRU":
+        return GRU(m.input_size, m.hidden_size, **common)
+    return RNN(m.input_size, m.hidden_size, nonlinearity=m.nonlinearity, **common)
+
+
+def _pad(mode: str) -> Callable[[Any, bool], Layer]:
+    return lambda m, f: Pad(m.padding, mode, getattr(m, "value", 0.0))
+
+
+def _upsample(m: nn.Upsample, fallback: bool) -> Upsample:
+    return Upsample(m.size, m.scale_factor, m.mode, m.align_corners, m.recompute_scale_factor)
+
+
+def _max_pool(cls: type) -> Callable[[Any, bool], Layer]:
+    return lambda m, f: cls(
+        m.kernel_size, m.stride, m.padding, m.dilation, m.return_indices, m.ceil_mode
+    )
+
+
+def _avg_pool(cls: type) -> Callable[[Any, bool], Layer]:
+    return lambda m, f: cls(
+        m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad, m.divisor_override
+    )
+
+
 def _plain(cls: type) -> Callable[[Any, bool], Layer]:
     return lambda m, fallback: cls()
 
+
+_PADS = (
+    ("Zero", "constant"),
+    ("Constant", "constant"),
+    ("Reflection", "reflect"),
+    ("Replication", "replicate"),
+    ("Circular", "circular"),
+)
 
 _RULES: dict[type, Callable[[Any, bool], Layer | None]] = {
     nn.Linear: lambda m, f: Linear(m.in_features, m.out_features, m.bias is not None),
@@ -183,6 +251,9 @@ _RULES: dict[type, Callable[[Any, bool], Layer | None]] = {
     ),
     nn.Identity: _plain(Identity),
     nn.Flatten: lambda m, f: Flatten(m.start_dim, m.end_dim),
+    nn.Unflatten: lambda m, f: (
+        Unflatten(m.dim, m.unflattened_size) if isinstance(m.dim, int) else None
+    ),
     nn.Conv1d: _conv(Conv1d),
     nn.Conv2d: _conv(Conv2d),
     nn.Conv3d: _conv(Conv3d),
@@ -190,6 +261,7 @@ _RULES: dict[type, Callable[[Any, bool], Layer | None]] = {
     nn.ConvTranspose2d: _conv_transpose(ConvTranspose2d),
     nn.ConvTranspose3d: _conv_transpose(ConvTranspose3d),
     nn.Embedding: _embedding,
+    nn.EmbeddingBag: _embedding_bag,
     nn.LayerNorm: lambda m, f: LayerNorm(
         m.normalized_shape,
         m.eps,
@@ -206,6 +278,32 @@ _RULES: dict[type, Callable[[Any, bool], Layer | None]] = {
     nn.RNNCell: lambda m, f: RNNCell(m.input_size, m.hidden_size, m.bias, m.nonlinearity),
     nn.GRUCell: lambda m, f: GRUCell(m.input_size, m.hidden_size, m.bias),
     nn.LSTMCell: lambda m, f: LSTMCell(m.input_size, m.hidden_size, m.bias),
+    nn.RNN: _rnn,
+    nn.GRU: _rnn,
+    nn.LSTM: _rnn,
+    nn.MaxPool1d: _max_pool(P.MaxPool1d),
+    nn.MaxPool2d: _max_pool(P.MaxPool2d),
+    nn.MaxPool3d: _max_pool(P.MaxPool3d),
+    nn.AvgPool1d: lambda m, f: P.AvgPool1d(
+        m.kernel_size, m.stride, m.padding, m.ceil_mode, m.count_include_pad
+    ),
+    nn.AvgPool2d: _avg_pool(P.AvgPool2d),
+    nn.AvgPool3d: _avg_pool(P.AvgPool3d),
+    nn.LPPool1d: lambda m, f: P.LPPool1d(m.norm_type, m.kernel_size, m.stride, m.ceil_mode),
+    nn.LPPool2d: lambda m, f: P.LPPool2d(m.norm_type, m.kernel_size, m.stride, m.ceil_mode),
+    nn.LPPool3d: lambda m, f: P.LPPool3d(m.norm_type, m.kernel_size, m.stride, m.ceil_mode),
+    nn.AdaptiveMaxPool1d: lambda m, f: P.AdaptiveMaxPool1d(m.output_size, m.return_indices),
+    nn.AdaptiveMaxPool2d: lambda m, f: P.AdaptiveMaxPool2d(m.output_size, m.return_indices),
+    nn.AdaptiveMaxPool3d: lambda m, f: P.AdaptiveMaxPool3d(m.output_size, m.return_indices),
+    nn.AdaptiveAvgPool1d: lambda m, f: P.AdaptiveAvgPool1d(m.output_size),
+    nn.AdaptiveAvgPool2d: lambda m, f: P.AdaptiveAvgPool2d(m.output_size),
+    nn.AdaptiveAvgPool3d: lambda m, f: P.AdaptiveAvgPool3d(m.output_size),
+    **{getattr(nn, f"{kind}Pad{n}d"): _pad(mode) for kind, mode in _PADS for n in (1, 2, 3)},
+    nn.Upsample: _upsample,
+    nn.UpsamplingNearest2d: _upsample,
+    nn.UpsamplingBilinear2d: _upsample,
+    nn.PixelShuffle: lambda m, f: PixelShuffle(m.upscale_factor),
+    nn.PixelUnshuffle: lambda m, f: PixelUnshuffle(m.downscale_factor),
     nn.MultiheadAttention: _mha,
     nn.Dropout: lambda m, f: Dropout(m.p, inference=not m.training),
     nn.Sequential: _sequential,

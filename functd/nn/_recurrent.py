@@ -21,7 +21,42 @@ from torch import Tensor
 from .._td import TensorDict
 from ._base import Layer, ParamSpec, fan_in_bound, uniform
 
-__all__ = ["GRUCell", "LSTMCell", "RNNCell"]
+__all__ = ["GRUCell", "LSTMCell", "RNNCell", "elman_step", "gru_step", "lstm_step"]
+
+
+# The steps, shared with the multi-layer RNN/GRU/LSTM (``_rnn.py``): ``gi`` is the input
+# projection ``F.linear(x, weight_ih, bias_ih)``, which those compute for every time step
+# at once, as ATen's CPU code does.
+def elman_step(gi: Tensor, h: Tensor, w_hh: Tensor, b_hh: Tensor | None, relu: bool) -> Tensor:
+    """``act(gi + h @ w_hh.T + b_hh)``: one step of an Elman RNN."""
+    pre = gi + F.linear(h, w_hh, b_hh)
+    return torch.relu(pre) if relu else torch.tanh(pre)
+
+
+def gru_step(gi: Tensor, h: Tensor, w_hh: Tensor, b_hh: Tensor | None) -> Tensor:
+    """One GRU step (gates in torch's order: reset, update, new)."""
+    i_r, i_z, i_n = gi.chunk(3, -1)
+    h_r, h_z, h_n = F.linear(h, w_hh, b_hh).chunk(3, -1)
+    reset = torch.sigmoid(h_r + i_r)
+    update = torch.sigmoid(h_z + i_z)
+    new = torch.tanh(i_n + h_n * reset)
+    return (h - new) * update + new
+
+
+def lstm_step(
+    gi: Tensor,
+    h: Tensor,
+    c: Tensor,
+    w_hh: Tensor,
+    b_hh: Tensor | None,
+    w_hr: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
+    """One LSTM step (gates in torch's order: input, forget, cell, output); with
+    ``w_hr`` the new ``h`` is projected (``nn.LSTM(proj_size=...)``)."""
+    i, f, g, o = (gi + F.linear(h, w_hh, b_hh)).chunk(4, -1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    return (h if w_hr is None else F.linear(h, w_hr)), c
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,10 +144,8 @@ class RNNCell(_CellBase):
             raise ValueError(f"Unknown nonlinearity: {self.nonlinearity}")
 
     def _step(self, d: dict[str, Any], x: Tensor, h: Tensor) -> Tensor:
-        pre = F.linear(x, d["weight_ih"], d.get("bias_ih")) + F.linear(
-            h, d["weight_hh"], d.get("bias_hh")
-        )
-        return torch.tanh(pre) if self.nonlinearity == "tanh" else torch.relu(pre)
+        gi = F.linear(x, d["weight_ih"], d.get("bias_ih"))
+        return elman_step(gi, h, d["weight_hh"], d.get("bias_hh"), self.nonlinearity == "relu")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,12 +163,8 @@ class GRUCell(_CellBase):
     _chunks: ClassVar[int] = 3
 
     def _step(self, d: dict[str, Any], x: Tensor, h: Tensor) -> Tensor:
-        i_r, i_z, i_n = F.linear(x, d["weight_ih"], d.get("bias_ih")).chunk(3, -1)
-        h_r, h_z, h_n = F.linear(h, d["weight_hh"], d.get("bias_hh")).chunk(3, -1)
-        reset = torch.sigmoid(h_r + i_r)
-        update = torch.sigmoid(h_z + i_z)
-        new = torch.tanh(i_n + h_n * reset)
-        return (h - new) * update + new
+        gi = F.linear(x, d["weight_ih"], d.get("bias_ih"))
+        return gru_step(gi, h, d["weight_hh"], d.get("bias_hh"))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,10 +211,6 @@ class LSTMCell(_CellBase):
             if not batched:
                 h, c = h.unsqueeze(0), c.unsqueeze(0)
         d = params._data
-        gates = F.linear(x, d["weight_ih"], d.get("bias_ih")) + F.linear(
-            h, d["weight_hh"], d.get("bias_hh")
-        )
-        i, f, g, o = gates.chunk(4, -1)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
+        gi = F.linear(x, d["weight_ih"], d.get("bias_ih"))
+        h, c = lstm_step(gi, h, c, d["weight_hh"], d.get("bias_hh"))
         return (h, c) if batched else (h.squeeze(0), c.squeeze(0))
