@@ -285,9 +285,7 @@ def _embedding(m: nn.Embedding, fallback: bool) -> Embedding | None:
     return Embedding(m.num_embeddings, m.embedding_dim, m.padding_idx, m.scale_grad_by_freq)
 
 
-def _mha(m: nn.MultiheadAttention, fallback: bool) -> MultiheadAttention | None:
-    if m.training and m.dropout > 0:
-        return None
+def _mha(m: nn.MultiheadAttention, fallback: bool) -> MultiheadAttention:
     return MultiheadAttention(
         m.embed_dim,
         m.num_heads,
@@ -297,6 +295,8 @@ def _mha(m: nn.MultiheadAttention, fallback: bool) -> MultiheadAttention | None:
         kdim=m.kdim,
         vdim=m.vdim,
         batch_first=m.batch_first,
+        dropout=float(m.dropout),
+        training=m.training,
     )
 
 
