@@ -69,6 +69,7 @@ from ._linear import Identity as Identity
 from ._linear import Linear as Linear
 from ._lower import FunctionalCall as FunctionalCall
 from ._lower import lower as lower
+from ._mha import multi_head_attention_forward as multi_head_attention_forward
 from ._mlp import MLP as MLP
 from ._norm import GroupNorm as GroupNorm
 from ._norm import LayerNorm as LayerNorm
@@ -76,6 +77,7 @@ from ._norm import RMSNorm as RMSNorm
 from ._recurrent import GRUCell as GRUCell
 from ._recurrent import LSTMCell as LSTMCell
 from ._recurrent import RNNCell as RNNCell
+from ._sdpa import scaled_dot_product_attention as scaled_dot_product_attention
 
 #: Every public pure layer class (the conformance registry checks each has a case).
 LAYERS: tuple[type, ...] = (
