@@ -147,7 +147,7 @@ def _grads(m, args, kwargs):
 
     def full(xs):
         out = list(args)
-        for j, a in enumerate(args):  # shared inputs stay shared (same object)
+        for j in range(len(args)):  # shared inputs stay shared (same object)
             out[j] = xs[idx.index(j)] if j in idx else out[j - 1]
         return out
 
@@ -321,7 +321,7 @@ def test_dropout_vmap_over_keys_and_members_equals_loop():
     x = r(3, 4, E)
     keys = fr.split(fr.key(0), 4)
     for nw in (True, False):
-        outs = fd.vmap(lambda k: layer(params, x, x, x, need_weights=nw, key=k)[0])(keys)
+        outs = fd.vmap(lambda k, nw=nw: layer(params, x, x, x, need_weights=nw, key=k)[0])(keys)
         for i in range(4):
             torch.testing.assert_close(
                 outs[i], layer(params, x, x, x, need_weights=nw, key=keys[i])[0]
@@ -364,6 +364,40 @@ def test_fd_module_trains_mha_with_dropout_purely():
     torch.testing.assert_close(ev(params, td)["y"], m.eval()(td["x"], td["x"], td["x"])[0])
 
 
+def test_functional_dropout_is_the_layers_for_the_same_key():
+    """multi_head_attention_forward ((L, N, E)) and the batch-first layer draw the
+    same (N, H, L, S) mask from the same key."""
+    m, layer, params = _train_layer(0.3)
+    x = r(3, 4, E)
+    pos = [E, H, m.in_proj_weight, m.in_proj_bias, None, None, False, 0.3]
+    pos += [m.out_proj.weight, m.out_proj.bias]
+    xt = x.transpose(0, 1)
+    for nw in (True, False):
+        a, wa = fnn.multi_head_attention_forward(xt, xt, xt, *pos, need_weights=nw, key=fr.key(4))
+        b, wb = layer(params, x, x, x, need_weights=nw, key=fr.key(4))
+        torch.testing.assert_close(a.transpose(0, 1), b, rtol=1e-10, atol=1e-12)
+        if nw:
+            torch.testing.assert_close(wa, wb)
+
+
+def test_jacrev_hessian_jvp_through_sdpa_path_without_warnings():
+    """Under any torch.func transform the SDPA path is the written-out math: the CPU
+    flash kernel's backward has no batching rule, and jacrev vmaps the backward."""
+    layer = fnn.MultiheadAttention(4, 2, batch_first=True)
+    p, x = layer.init(0).double(), r(2, 3, 4)
+
+    def f(x):
+        return layer(p, x, x, x, need_weights=False)[0]
+
+    jr, jf = torch.func.jacrev(f)(x), torch.func.jacfwd(f)(x)
+    torch.testing.assert_close(jr, jf)
+    _, t = torch.func.jvp(f, (x,), (torch.ones_like(x),))
+    torch.testing.assert_close(t, jr.flatten(3).sum(-1))
+    h = torch.func.hessian(lambda x: f(x).pow(2).sum())(x)
+    hm = h.reshape(24, 24)
+    torch.testing.assert_close(hm, hm.T)  # symmetric
+
+
 def test_ensemble_vmap_matches_members_without_warnings():
     """fd.vmap over 4 members' params; need_weights=False takes the written-out
     SDPA under vmap (torch's CPU flash kernel has no batching rule and would warn,
@@ -373,7 +407,7 @@ def test_ensemble_vmap_matches_members_without_warnings():
     ens = fd.stack([fnn.state_to_td(n) for n in nets])
     x = r(3, 4, E)
     for nw in (False, True):
-        outs = fd.vmap(lambda p: layer(p, x, x, x, need_weights=nw)[0])(ens)
+        outs = fd.vmap(lambda p, nw=nw: layer(p, x, x, x, need_weights=nw)[0])(ens)
         for i, net in enumerate(nets):
             torch.testing.assert_close(outs[i], net(x, x, x, need_weights=nw)[0])
 
@@ -417,7 +451,9 @@ def test_sdpa_matches_torch_eager_and_under_vmap(case):
     torch.testing.assert_close(fnn.scaled_dot_product_attention(q, k, v, **kw), expected)
     # under vmap (the written-out math; rows with every key masked give 0 like torch)
     vm = torch.func.vmap(lambda q: fnn.scaled_dot_product_attention(q, k, v, **kw))
-    torch.testing.assert_close(vm(q.unsqueeze(0).expand(2, *q.shape)), expected.expand(2, *q.shape[:-1], ev))
+    torch.testing.assert_close(
+        vm(q.unsqueeze(0).expand(2, *q.shape)), expected.expand(2, *q.shape[:-1], ev)
+    )
 
 
 def test_sdpa_dropout_matches_torch_math_with_the_same_mask():

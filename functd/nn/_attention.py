@@ -53,7 +53,8 @@ class MultiheadAttention(Layer):
     ``functd.nn.multi_head_attention_forward``; the same key gives the same mask
     with ``need_weights`` True or False). Results equal torch's to float
     rounding; with ``need_weights=False`` the attention is
-    ``F.scaled_dot_product_attention`` (its written-out math under ``vmap``).
+    ``F.scaled_dot_product_attention`` (its written-out math under ``torch.func``
+    transforms).
     A batch-first output is contiguous (torch's is a transposed view).
 
     Example:
@@ -84,9 +85,7 @@ class MultiheadAttention(Layer):
         if self.embed_dim % self.num_heads != 0:
             raise ValueError("embed_dim must be divisible by num_heads")
         if not 0.0 <= self.dropout <= 1.0:
-            raise ValueError(
-                f"MultiheadAttention: dropout must be in [0, 1]; got {self.dropout}."
-            )
+            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1]; got {self.dropout}.")
         if self.kdim is None:
             object.__setattr__(self, "kdim", self.embed_dim)
         if self.vdim is None:

@@ -199,8 +199,7 @@ def _attn_mask_4d(where: str, m: Tensor | None, n: int, h: int, L: int, S: int):
         return m.view(1, 1, L, S)
     if tuple(m.shape) != (n * h, L, S):
         raise ValueError(
-            f"{where}: a 3D attn_mask must be (N * num_heads, L, S) = {(n * h, L, S)}; "
-            f"got {_s(m)}."
+            f"{where}: a 3D attn_mask must be (N * num_heads, L, S) = {(n * h, L, S)}; got {_s(m)}."
         )
     return m.view(n, h, L, S)
 

@@ -2,8 +2,8 @@
 
 ``scaled_dot_product_attention`` has the signature and the meaning of
 ``torch.nn.functional.scaled_dot_product_attention`` plus a keyword-only PRNG
-``key``. Without dropout it is torch's fused kernel (or, under a ``vmap`` level,
-where that kernel has no batching rule on CPU, the same math written out);
+``key``. Without dropout it is torch's fused kernel (or, under ``torch.func``
+transforms, where that kernel has no batching rule on CPU, the same math written out);
 with ``dropout_p > 0`` it is torch's documented reference computation with the
 dropout mask drawn by ``functd.random.bernoulli(key, 1 - p, shape)``: the same
 key gives the same mask, torch's global generator is never used.
@@ -33,22 +33,17 @@ KEY_REQUIRED = (
     "`key=fd.random.key(0)` (split a fresh key for each step), or `dropout_p=0.0`."
 )
 
-_is_active = torch._C._are_functorch_transforms_active
-_stack = getattr(torch._C._functorch, "get_interpreter_stack", None)
-_GRAD = torch._C._functorch.TransformType.Grad
 _safe_softmax = torch.ops.aten._safe_softmax.default  # softmax; 0 on fully masked rows
 
 
 def fused_ok() -> bool:
-    """Whether torch's fused SDPA kernels may run here: outside ``torch.func``
-    transforms, or under ``grad`` levels only (eager). Under ``vmap`` the CPU
-    flash kernel has no batching rule (torch loops over the batch and warns),
-    and under ``jvp`` no forward derivative: the written-out math runs there."""
-    if not _is_active():
-        return True
-    if torch.compiler.is_compiling() or _stack is None:
-        return False
-    return all(i.key() == _GRAD for i in _stack())
+    """Whether torch's fused SDPA kernels may run: outside every ``torch.func``
+    transform. On CPU the flash kernel and its backward have no ``vmap`` batching
+    rule (torch loops over the batch and warns), and a ``grad``/``vjp`` level may
+    be vmapped later (``jacrev``, ``hessian``), so under any transform the
+    written-out math runs (``torch._C._are_functorch_transforms_active`` is also
+    read by dynamo, as a constant)."""
+    return not torch._C._are_functorch_transforms_active()
 
 
 def scaled_dot_product_attention(
