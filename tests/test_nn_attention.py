@@ -380,9 +380,10 @@ def test_functional_dropout_is_the_layers_for_the_same_key():
             torch.testing.assert_close(wa, wb)
 
 
-def test_jacrev_hessian_jvp_through_sdpa_path_without_warnings():
-    """Under any torch.func transform the SDPA path is the written-out math: the CPU
-    flash kernel's backward has no batching rule, and jacrev vmaps the backward."""
+@pytest.mark.filterwarnings("ignore:There is a performance drop:UserWarning")
+def test_jacrev_hessian_jvp_through_sdpa_path():
+    """jvp takes the written-out math (the CPU flash kernel has no forward derivative);
+    jacrev/hessian vmap the flash backward, which torch loops over with a warning."""
     layer = fnn.MultiheadAttention(4, 2, batch_first=True)
     p, x = layer.init(0).double(), r(2, 3, 4)
 

@@ -53,8 +53,7 @@ class MultiheadAttention(Layer):
     ``functd.nn.multi_head_attention_forward``; the same key gives the same mask
     with ``need_weights`` True or False). Results equal torch's to float
     rounding; with ``need_weights=False`` the attention is
-    ``F.scaled_dot_product_attention`` (its written-out math under ``torch.func``
-    transforms).
+    ``F.scaled_dot_product_attention`` (its written-out math under ``vmap``/``jvp``).
     A batch-first output is contiguous (torch's is a transposed view).
 
     Example:

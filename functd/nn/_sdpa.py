@@ -2,8 +2,9 @@
 
 ``scaled_dot_product_attention`` has the signature and the meaning of
 ``torch.nn.functional.scaled_dot_product_attention`` plus a keyword-only PRNG
-``key``. Without dropout it is torch's fused kernel (or, under ``torch.func``
-transforms, where that kernel has no batching rule on CPU, the same math written out);
+``key``. Without dropout it is torch's fused kernel (or, under ``vmap``/``jvp``
+levels, where the CPU kernel has no batching rule or forward derivative, the same
+math written out);
 with ``dropout_p > 0`` it is torch's documented reference computation with the
 dropout mask drawn by ``functd.random.bernoulli(key, 1 - p, shape)``: the same
 key gives the same mask, torch's global generator is never used.
@@ -34,16 +35,23 @@ KEY_REQUIRED = (
 )
 
 _safe_softmax = torch.ops.aten._safe_softmax.default  # softmax; 0 on fully masked rows
+_active = torch._C._are_functorch_transforms_active  # a constant to dynamo
+_stack = getattr(torch._C._functorch, "get_interpreter_stack", None)
+_GRAD = torch._C._functorch.TransformType.Grad
 
 
 def fused_ok() -> bool:
-    """Whether torch's fused SDPA kernels may run: outside every ``torch.func``
-    transform. On CPU the flash kernel and its backward have no ``vmap`` batching
-    rule (torch loops over the batch and warns), and a ``grad``/``vjp`` level may
-    be vmapped later (``jacrev``, ``hessian``), so under any transform the
-    written-out math runs (``torch._C._are_functorch_transforms_active`` is also
-    read by dynamo, as a constant)."""
-    return not torch._C._are_functorch_transforms_active()
+    """Whether torch's fused SDPA kernels may run: outside ``torch.func`` transforms,
+    or (eager) under ``grad``/``vjp`` levels only. On CPU the flash kernel has no
+    ``vmap`` batching rule (torch loops over the batch and warns) and no forward
+    derivative (``jvp``); there the written-out math runs. A ``vjp`` that is vmapped
+    later (``jacrev``, ``hessian``) meets torch's loop over the flash backward, as
+    ``nn.MultiheadAttention`` does: correct, slower, with torch's warning."""
+    if not _active():
+        return True
+    if torch.compiler.is_compiling() or _stack is None:
+        return False
+    return all(i.key() == _GRAD for i in _stack())
 
 
 def scaled_dot_product_attention(
