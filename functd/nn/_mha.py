@@ -101,18 +101,7 @@ def forward(
         else:
             is_causal = False
     q, k, v = _project(query, key_, value, w, num_heads, batch_first)
-    attn = _attn_mask_4d(where, masks.attn, n, num_heads, L, k.size(2))
-    s_pad = k.size(2) if static_k is None or static_k.dim() != 3 else static_k.size(1)
-    pad = _padding_mask_4d(where, masks.padding, n, s_pad)
-    if w.bias_k is not None or w.bias_v is not None:
-        k, v, attn, pad = _append_bias_kv(where, k, v, w, attn, pad, static_k, static_v)
-    k = k if static_k is None else _static(where, "static_k", static_k, n, num_heads, k)
-    v = v if static_v is None else _static(where, "static_v", static_v, n, num_heads, v)
-    if add_zero_attn:
-        zeros = k.new_zeros(n, num_heads, 1, k.size(-1))
-        k, v = torch.cat([k, zeros], 2), torch.cat([v, zeros], 2)
-        attn, pad = _pad(attn), _pad(pad)
-    mask = _merge(attn, pad, query.dtype)
+    k, v, mask = _extend_keys(where, k, v, w, masks, L, add_zero_attn, static_k, static_v)
     if need_weights:
         out, weights = _with_weights(q, k, v, mask, dropout_p, key)
         if average_attn_weights:
@@ -122,7 +111,7 @@ def forward(
     if batch_first:
         out = out.transpose(1, 2).reshape(n, L, E)  # a view after the CPU kernel
     else:
-        out = out.permute(2, 0, 1, 3).reshape(L, n, E)
+        out = out.permute(2, 0, 1, 3).reshape(L, n, E)  # contiguous: vmap-friendly linear
     out = F.linear(out, w.out_proj_weight, w.out_proj_bias)
     if not batched:
         out = out.squeeze(0)
@@ -162,6 +151,24 @@ def _project(
         *_heads(F.linear(key_, wk, bk), 1, h, bf),
         *_heads(F.linear(value, wv, bv), 1, h, bf),
     )
+
+
+def _extend_keys(where, k, v, w, masks, L, add_zero_attn, static_k, static_v):
+    """bias_k/bias_v, static_k/static_v and the zero attention applied to the keys
+    and values ``(N, H, S, hd)``, and the masks checked, padded alike and merged."""
+    n, h = k.shape[:2]
+    attn = _attn_mask_4d(where, masks.attn, n, h, L, k.size(2))
+    s_pad = k.size(2) if static_k is None or static_k.dim() != 3 else static_k.size(1)
+    pad = _padding_mask_4d(where, masks.padding, n, s_pad)
+    if w.bias_k is not None or w.bias_v is not None:
+        k, v, attn, pad = _append_bias_kv(where, k, v, w, attn, pad, static_k, static_v)
+    k = k if static_k is None else _static(where, "static_k", static_k, n, h, k)
+    v = v if static_v is None else _static(where, "static_v", static_v, n, h, v)
+    if add_zero_attn:
+        zeros = k.new_zeros(n, h, 1, k.size(-1))
+        k, v = torch.cat([k, zeros], 2), torch.cat([v, zeros], 2)
+        attn, pad = _pad(attn), _pad(pad)
+    return k, v, _merge(attn, pad, k.dtype)
 
 
 def _append_bias_kv(where, k, v, w, attn, pad, static_k, static_v):
