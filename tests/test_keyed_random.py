@@ -213,3 +213,29 @@ def test_module_is_not_random_in_eval_and_random_in_training():
     assert fd.Module(net, ["x"], ["y"]).random
     assert not fd.Module(net.eval(), ["x"], ["y"]).random
     assert fd.nn.train_mode(fd.Module(net, ["x"], ["y"])).random
+
+
+def test_transformer_encoder_attention_and_dropout_are_keyed():
+    """nn.TransformerEncoder (not lowered) in training mode: its MultiheadAttention's
+    dropout (F.multi_head_attention_forward) and its Dropouts draw from the key; with
+    p = 0 it equals torch's module."""
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, dropout=0.3, batch_first=True)
+    enc = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+    m = fd.Module(enc, {"x": "src"}, ["y"])
+    params, x = fd.from_module(m), torch.randn(3, 5, 8)
+    td = fd.TensorDict({"x": x}, [3])
+    rng = torch.get_rng_state()
+    a = m(params, td, key=fd.random.key(0))["y"]
+    assert torch.equal(a, m(params, td, key=fd.random.key(0))["y"])
+    assert not torch.equal(a, m(params, td, key=fd.random.key(1))["y"])
+    assert torch.equal(rng, torch.get_rng_state())
+    with pytest.raises(ValueError, match=r"draws random numbers"):
+        m(params, td)
+    for sub in enc.modules():  # p = 0: nothing drawn, torch's numbers
+        if hasattr(sub, "p"):
+            sub.p = 0.0
+        if isinstance(sub, nn.MultiheadAttention):
+            sub.dropout = 0.0
+    m0 = fd.Module(enc, {"x": "src"}, ["y"])
+    torch.testing.assert_close(m0(params, td)["y"], enc(x))

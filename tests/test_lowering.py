@@ -51,7 +51,6 @@ def test_lower_returns_none_when_not_exact():
         nn.Embedding(5, 2, max_norm=1.0),
         nn.Embedding(5, 2, sparse=True),
         nn.Softmax(),
-        nn.MultiheadAttention(8, 2, dropout=0.1),
         nn.Sequential(shared, nn.ReLU(), shared),
         _Affine(),
     ]

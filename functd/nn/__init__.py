@@ -71,6 +71,7 @@ from ._linear import Linear as Linear
 from ._linear import Unflatten as Unflatten
 from ._lower import FunctionalCall as FunctionalCall
 from ._lower import lower as lower
+from ._mha import multi_head_attention_forward as multi_head_attention_forward
 from ._mlp import MLP as MLP
 from ._norm import GroupNorm as GroupNorm
 from ._norm import LayerNorm as LayerNorm
@@ -100,6 +101,7 @@ from ._spatial import Pad as Pad
 from ._spatial import PixelShuffle as PixelShuffle
 from ._spatial import PixelUnshuffle as PixelUnshuffle
 from ._spatial import Upsample as Upsample
+from ._sdpa import scaled_dot_product_attention as scaled_dot_product_attention
 
 #: Every public pure layer class (the conformance registry checks each has a case).
 LAYERS: tuple[type, ...] = (

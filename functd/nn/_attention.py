@@ -1,17 +1,24 @@
-"""MultiheadAttention over ``F.multi_head_attention_forward``."""
+"""MultiheadAttention: the pure layer over ``_mha.forward`` (SDPA, keyed dropout)."""
 
 from __future__ import annotations
 
 import dataclasses
 from typing import Any
 
-import torch.nn.functional as F
 from torch import Tensor
 
 from .._td import TensorDict
 from ._base import Layer, ParamSpec, constant, fan_in_bound, normal, uniform, xavier_uniform
+from ._mha import Masks, Weights, check_mask, forward
 
 __all__ = ["MultiheadAttention"]
+
+KEY_REQUIRED = (
+    "MultiheadAttention(dropout={p}) in training mode needs a PRNG key for its attention "
+    "dropout: pass one at call time, e.g. `m(params, td, key=fd.random.key(0))` (split a "
+    "fresh key for each step), or switch it to eval mode (`fd.nn.eval_mode(m)`, or lower "
+    "the torch module after `.eval()`)."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,21 +34,27 @@ class MultiheadAttention(Layer):
         kdim: the key's last dim (default ``embed_dim``).
         vdim: the value's last dim (default ``embed_dim``).
         batch_first: inputs are ``(N, L, E)`` rather than ``(L, N, E)``.
+        dropout: attention dropout probability (torch's ``dropout``).
+        training: apply the attention dropout (torch's ``module.training``;
+            ``functd.nn.train_mode``/``eval_mode`` switch it).
 
     Parameters, named as in ``state_dict()``: ``in_proj_weight`` ``(3E, E)``
     (or ``q_proj_weight``/``k_proj_weight``/``v_proj_weight`` when ``kdim`` or
     ``vdim`` differ from ``E``; xavier-uniform), ``in_proj_bias``,
     ``out_proj.weight`` (as ``Linear(E, E)``), ``out_proj.bias``, ``bias_k``, ``bias_v``.
 
-    Attention dropout is not offered: torch draws it from its global
-    generator; ``lower`` keeps a training-mode module with ``dropout > 0`` as a
-    ``FunctionalCall``.
-
     Call: ``mha(params, query, key_, value, key_padding_mask=None,
     need_weights=True, attn_mask=None, average_attn_weights=True,
-    is_causal=False)`` returns ``(attn_output, attn_weights)`` like torch (the
-    attention key is the positional ``key_``; the keyword ``key=`` is the PRNG
-    key of the layer protocol, unused here).
+    is_causal=False, *, key=None)`` returns ``(attn_output, attn_weights)`` like
+    torch (the attention key is the positional ``key_``; the keyword ``key=`` is
+    the PRNG key). The layer is ``random`` when ``training and dropout > 0``:
+    the call then needs ``key``, and the attention probabilities are multiplied
+    by ``bernoulli(key, 1 - dropout, (N, H, L, S)) / (1 - dropout)`` (see
+    ``functd.nn.multi_head_attention_forward``; the same key gives the same mask
+    with ``need_weights`` True or False). Results equal torch's to float
+    rounding; with ``need_weights=False`` the attention is
+    ``F.scaled_dot_product_attention`` (its written-out math under ``vmap``/``jvp``).
+    A batch-first output is contiguous (torch's is a transposed view).
 
     Example:
         >>> mha = MultiheadAttention(8, 2, batch_first=True)
@@ -59,6 +72,8 @@ class MultiheadAttention(Layer):
     kdim: int | None = None
     vdim: int | None = None
     batch_first: bool = False
+    dropout: float = 0.0
+    training: bool = False
 
     def __post_init__(self) -> None:
         if self.embed_dim <= 0 or self.num_heads <= 0:
@@ -68,6 +83,8 @@ class MultiheadAttention(Layer):
             )
         if self.embed_dim % self.num_heads != 0:
             raise ValueError("embed_dim must be divisible by num_heads")
+        if not 0.0 <= self.dropout <= 1.0:
+            raise ValueError(f"MultiheadAttention: dropout must be in [0, 1]; got {self.dropout}.")
         if self.kdim is None:
             object.__setattr__(self, "kdim", self.embed_dim)
         if self.vdim is None:
@@ -75,6 +92,11 @@ class MultiheadAttention(Layer):
         object.__setattr__(
             self, "_same_dim", self.kdim == self.embed_dim and self.vdim == self.embed_dim
         )
+
+    @property
+    def random(self) -> bool:  # type: ignore[override]
+        """True when ``training and dropout > 0``: then the call needs a ``key``."""
+        return self.training and self.dropout > 0.0
 
     def _specs(self) -> dict[str, Any]:
         e, zeros = self.embed_dim, constant(0.0)
@@ -114,35 +136,25 @@ class MultiheadAttention(Layer):
     ) -> tuple[Tensor, Tensor | None]:
         d = params._data
         out_proj = d["out_proj"]._data
-        batched = query.dim() == 3
-        if self.batch_first and batched:
-            query, key_, value = query.transpose(1, 0), key_.transpose(1, 0), value.transpose(1, 0)
-        separate = not self._same_dim
-        out, weights = F.multi_head_attention_forward(
-            query,
-            key_,
-            value,
-            self.embed_dim,
-            self.num_heads,
-            d.get("in_proj_weight"),
-            d.get("in_proj_bias"),
-            d.get("bias_k"),
-            d.get("bias_v"),
-            self.add_zero_attn,
-            0.0,
-            out_proj["weight"],
-            out_proj.get("bias"),
-            training=False,
-            key_padding_mask=key_padding_mask,
-            need_weights=need_weights,
-            attn_mask=attn_mask,
-            use_separate_proj_weight=separate,
-            q_proj_weight=d.get("q_proj_weight"),
-            k_proj_weight=d.get("k_proj_weight"),
-            v_proj_weight=d.get("v_proj_weight"),
-            average_attn_weights=average_attn_weights,
-            is_causal=is_causal,
-        )
-        if self.batch_first and batched:
-            out = out.transpose(1, 0)
-        return out, weights
+        p = self.dropout if self.training else 0.0
+        if p > 0.0 and key is None:
+            raise ValueError(KEY_REQUIRED.format(p=p))
+        where = "MultiheadAttention"
+        check_mask(where, "key_padding_mask", key_padding_mask)
+        check_mask(where, "attn_mask", attn_mask)
+        if query.size(-1) != self.embed_dim:
+            raise ValueError(
+                f"{where}: expected the query's last dim to be embed_dim={self.embed_dim}; "
+                f"got {tuple(query.shape)}."
+            )
+        weights = Weights(
+            d.get("in_proj_weight"), d.get("in_proj_bias"), d.get("q_proj_weight"),
+            d.get("k_proj_weight"), d.get("v_proj_weight"), d.get("bias_k"), d.get("bias_v"),
+            out_proj["weight"], out_proj.get("bias"),
+        )  # fmt: skip
+        return forward(
+            where, query, key_, value, self.num_heads, weights,
+            Masks(attn_mask, key_padding_mask), batch_first=self.batch_first,
+            add_zero_attn=self.add_zero_attn, dropout_p=p, need_weights=need_weights,
+            average_attn_weights=average_attn_weights, is_causal=is_causal, key=key,
+        )  # fmt: skip

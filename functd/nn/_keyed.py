@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -366,19 +367,19 @@ def _sdpa(mode, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=Fals
 
 
 def _mha_forward(mode, *args, **kwargs):
-    from inspect import signature
-
-    bound = signature(F.multi_head_attention_forward).bind(*args, **kwargs)
+    bound = _MHA_SIGNATURE.bind(*args, **kwargs)
     bound.apply_defaults()
     a = bound.arguments
     if not a["training"] or a["dropout_p"] == 0.0:
         return F.multi_head_attention_forward(*args, **kwargs)
-    from ._attention import multi_head_attention_forward
+    from ._mha import multi_head_attention_forward
 
-    k = mode.next_key(f"multi_head_attention_forward(dropout_p={a['dropout_p']})")
-    return multi_head_attention_forward(**a, key=k)
+    k = mode.next_key(f"F.multi_head_attention_forward(dropout_p={a['dropout_p']})")
+    # every argument positionally, in torch's order (its attention `key` is ours `key_`)
+    return multi_head_attention_forward(*a.values(), key=k)
 
 
+_MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 _T = torch.Tensor
 _HANDLERS: dict[Any, Callable] = {
     F.dropout: _dropout,

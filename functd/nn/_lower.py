@@ -61,9 +61,9 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
     a subclass, a module with forward/backward hooks or an instance-level
     ``forward``, and configs with no exact pure counterpart:
     ``Embedding``/``EmbeddingBag`` with ``max_norm`` or ``sparse=True``,
-    ``Softmax(dim=None)``, ``MultiheadAttention`` with ``dropout > 0`` in
-    training mode, ``Unflatten`` with a named dim, a ``Sequential`` with
-    shared children or with a child that ``FunctionalCall`` refuses.
+    ``Softmax(dim=None)``, ``Unflatten`` with a named dim, a ``Sequential``
+    with shared children (a child that cannot be lowered runs as a
+    ``FunctionalCall`` inside the Chain).
 
     Args:
         module: a torch module (a functd layer is returned unchanged).
@@ -150,9 +150,7 @@ def _embedding(m: nn.Embedding, fallback: bool) -> Embedding | None:
     return Embedding(m.num_embeddings, m.embedding_dim, m.padding_idx, m.scale_grad_by_freq)
 
 
-def _mha(m: nn.MultiheadAttention, fallback: bool) -> MultiheadAttention | None:
-    if m.training and m.dropout > 0:
-        return None
+def _mha(m: nn.MultiheadAttention, fallback: bool) -> MultiheadAttention:
     return MultiheadAttention(
         m.embed_dim,
         m.num_heads,
@@ -162,6 +160,8 @@ def _mha(m: nn.MultiheadAttention, fallback: bool) -> MultiheadAttention | None:
         kdim=m.kdim,
         vdim=m.vdim,
         batch_first=m.batch_first,
+        dropout=float(m.dropout),
+        training=m.training,
     )
 
 
