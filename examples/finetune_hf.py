@@ -46,11 +46,17 @@ def build_model() -> tuple[fd.Sequential, torch.nn.Module]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         config = transformers.BertConfig(
-            vocab_size=VOCAB, hidden_size=WIDTH, num_hidden_layers=2, num_attention_heads=2,
-            intermediate_size=64, max_position_embeddings=LENGTH, hidden_dropout_prob=0.1,
-            attention_probs_dropout_prob=0.1, attn_implementation="eager",
-        )  # fmt: skip (eager attention: matmuls, which vmap batches; torch's CPU SDPA kernel
-        # runs member by member under vmap)
+            vocab_size=VOCAB,
+            hidden_size=WIDTH,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=LENGTH,
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+            attn_implementation="eager",
+        )  # eager attention: matmuls, which vmap batches (torch's CPU SDPA kernel runs
+        # member by member under vmap)
     torch.manual_seed(0)
     bert = transformers.BertModel(config)  # in training mode: dropout on
     bert.embeddings.requires_grad_(False)  # frozen, as one would freeze pretrained embeddings
@@ -91,7 +97,7 @@ def main() -> None:
         return [train[order[i : i + 64]] for i in range(0, len(train), 64)]
 
     epochs = max(1, STEPS // 8)
-    ensemble, opt_state, history = fd.fit(
+    ensemble, opt_state, _ = fd.fit(
         step, ensemble, opt_state, batches, k_steps, epochs=epochs, print_every=max(1, epochs // 4)
     )
 

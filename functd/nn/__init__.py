@@ -97,11 +97,11 @@ from ._recurrent import RNNCell as RNNCell
 from ._rnn import GRU as GRU
 from ._rnn import LSTM as LSTM
 from ._rnn import RNN as RNN
+from ._sdpa import scaled_dot_product_attention as scaled_dot_product_attention
 from ._spatial import Pad as Pad
 from ._spatial import PixelShuffle as PixelShuffle
 from ._spatial import PixelUnshuffle as PixelUnshuffle
 from ._spatial import Upsample as Upsample
-from ._sdpa import scaled_dot_product_attention as scaled_dot_product_attention
 
 #: Every public pure layer class (the conformance registry checks each has a case).
 LAYERS: tuple[type, ...] = (
