@@ -87,3 +87,27 @@ def clock_us(fn, min_run_time: float = MIN_RUN_TIME) -> float:
         times.append(dt / n)
         total += dt
     return statistics.median(times) * 1e6
+
+
+def peak_mib(fn) -> float:
+    """Peak of (allocated - freed) bytes during ``fn()``, in MiB, from ``torch.profiler``'s
+    memory events (``profile_memory=True``): exact bytes of torch tensors on the CPU,
+    which has no caching allocator; the result is freed inside the window."""
+    from torch.profiler import ProfilerActivity, profile
+
+    err = os.dup(2)  # the profiler's start/stop lines go to stderr: not into the tables
+    os.dup2(os.open(os.devnull, os.O_WRONLY), 2)
+    try:
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            result = fn()
+            del result
+    finally:
+        os.dup2(err, 2)
+        os.close(err)
+    events = prof.profiler.kineto_results.events()
+    deltas = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+    total = peak = 0
+    for _, b in deltas:
+        total += b
+        peak = max(peak, total)
+    return peak / 2**20

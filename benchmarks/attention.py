@@ -41,10 +41,9 @@ import warnings
 import torch
 import torch.nn as nn
 from torch.func import functional_call, stack_module_state
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import CLOCK, THREADS, clock_us, machine, table
+from _common import CLOCK, THREADS, clock_us, machine, peak_mib, table
 
 import functd as fd
 
@@ -133,20 +132,6 @@ def time_rows() -> list[list]:
 
 
 # ---------------------------------------------------------------------- memory
-def peak_mib(fn) -> float:
-    """Peak of (allocated - freed) bytes during ``fn()``, from the profiler's events."""
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        result = fn()
-        del result
-    events = prof.profiler.kineto_results.events()
-    deltas = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-    total = peak = 0
-    for _, b in deltas:
-        total += b
-        peak = max(peak, total)
-    return peak / 2**20
-
-
 def memory_rows() -> list[list]:
     rows = []
     for n, L, e in MEM_SHAPES:
