@@ -128,9 +128,9 @@ class _RNNBase(Layer):
             )
         return x, batched
 
-    def _state(self, hx: Tensor | None, x: Tensor, size: int, what: str) -> Tensor:
-        """The initial state ``(layers * dirs, N, size)`` of time-major ``x``: ``hx`` checked, or zeros."""
-        shape = (self.num_layers * self._dirs, x.size(1), size)
+    def _state(self, hx: Tensor | None, n: int, x: Tensor, size: int, what: str) -> Tensor:
+        """The initial state ``(layers * dirs, n, size)``: ``hx`` checked, or zeros."""
+        shape = (self.num_layers * self._dirs, n, size)
         if hx is None:
             return x.new_zeros(shape)
         if tuple(hx.shape) != shape:
@@ -142,7 +142,8 @@ class _RNNBase(Layer):
     def _layers(
         self, d: dict[str, Tensor], x: Tensor, h0: Tensor, c0: Tensor | None, key: Any
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Run the stack on time-major batched ``x``; ``(output, h_n, c_n or None)``."""
+        """Run the stack on batched ``x`` (in ``batch_first``'s layout, as torch's forward
+        hands it to the fused op); ``(output, h_n, c_n or None)``."""
         weights = [[d[n] for n in names] for names in self._names]
         drop = self.random
         if drop and key is None:
@@ -151,8 +152,10 @@ class _RNNBase(Layer):
             )
         keys = fr.split(as_key(key), self.num_layers - 1) if drop else None
         fused = self._fusable(x) and plain([x, h0, *(w for ws in weights for w in ws)])
-        if fused and not drop:  # one fused call for the whole stack
+        if fused and not drop:  # one fused call for the whole stack: torch's own call
             return self._fused_call(weights, x, h0, c0, self.num_layers)
+        if not fused and self.batch_first:  # the loop runs time-major
+            x = x.transpose(0, 1)
         dirs, hs, cs = self._dirs, [], []
         for layer in range(self.num_layers):
             rows = slice(layer * dirs, (layer + 1) * dirs)
@@ -161,10 +164,14 @@ class _RNNBase(Layer):
                 x, h, c = self._fused_call(ws, x, h0[rows], c, 1)
             else:
                 x, h, c = self._loop_layer(ws, x, h0[rows], c)
-            if drop and layer < self.num_layers - 1:
-                x = self._drop(EMPTY, x, key=keys[layer])
+            if drop and layer < self.num_layers - 1:  # masks drawn time-major on both paths
+                swap = fused and self.batch_first
+                y = self._drop(EMPTY, x.transpose(0, 1) if swap else x, key=keys[layer])
+                x = y.transpose(0, 1) if swap else y
             hs.append(h)
             cs.append(c)
+        if not fused and self.batch_first:
+            x = x.transpose(0, 1)
         return x, torch.cat(hs), None if c0 is None else torch.cat(cs)
 
     def _fusable(self, x: Tensor) -> bool:
@@ -176,7 +183,9 @@ class _RNNBase(Layer):
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         flat = [w for ws in weights for w in ws]
         hx = h0 if c0 is None else (h0, c0)
-        out = self._fused(x, hx, flat, self.bias, n, 0.0, False, self.bidirectional, False)
+        out = self._fused(
+            x, hx, flat, self.bias, n, 0.0, False, self.bidirectional, self.batch_first
+        )
         return out[0], out[1], out[2] if c0 is not None else None
 
     def _loop_layer(
@@ -211,18 +220,18 @@ class _RNNBase(Layer):
         """Shared body of the calls: layout in, stack, layout out."""
         lstm = self._gates == 4
         x, batched = self._inputs(x, hx, "hx and cx" if lstm else "hx")
+        batch = 0 if self.batch_first else 1  # torch's layout, kept to the fused op
         if not batched:
-            x = x.unsqueeze(1)
+            x = x.unsqueeze(batch)
             hx = None if hx is None else hx.unsqueeze(1)
             cx = None if cx is None else cx.unsqueeze(1)
-        elif self.batch_first:
-            x = x.transpose(0, 1)
-        h0 = self._state(hx, x, self._h_shape[1], "hidden[0]" if lstm else "hidden")
-        c0 = self._state(cx, x, self.hidden_size, "hidden[1]") if lstm else None
+        n = x.size(batch)
+        h0 = self._state(hx, n, x, self._h_shape[1], "hidden[0]" if lstm else "hidden")
+        c0 = self._state(cx, n, x, self.hidden_size, "hidden[1]") if lstm else None
         out, h, c = self._layers(params._data, x, h0, c0, key)
         if not batched:
-            return out.squeeze(1), h.squeeze(1), None if c is None else c.squeeze(1)
-        return (out.transpose(0, 1) if self.batch_first else out), h, c
+            return out.squeeze(batch), h.squeeze(1), None if c is None else c.squeeze(1)
+        return out, h, c
 
 
 @dataclasses.dataclass(frozen=True)
