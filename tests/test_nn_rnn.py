@@ -317,14 +317,14 @@ def test_fused_op_only_on_plain_eager_tensors(monkeypatch):
     assert calls == [1, 1, 1]  # dropout between layers: one call per layer
 
 
-def test_dropout_masks_are_the_same_on_the_fused_and_the_loop_paths():
+@pytest.mark.parametrize("batch_first", [True, False])
+def test_dropout_masks_are_the_same_on_the_fused_and_the_loop_paths(batch_first):
     """Eager CPU calls take torch's fused op, vmap the Python loop: the same key gives
     the same output (masks drawn in one layout), batch_first or not."""
-    for batch_first in (True, False):
-        layer = fnn.LSTM(3, 4, num_layers=3, dropout=0.5, batch_first=batch_first, training=True)
-        params = layer.init(fd.random.key(0)).apply(lambda t: t.double())
-        x = torch.randn(2, 5, 3, dtype=torch.float64)
-        key = fd.random.key(1)
-        eager = layer(params, x, key=key)[0]
-        looped = fd.vmap(lambda p: layer(p, x, key=key)[0])(fd.stack([params]))[0]
-        torch.testing.assert_close(eager, looped, rtol=1e-12, atol=1e-12)
+    layer = fnn.LSTM(3, 4, num_layers=3, dropout=0.5, batch_first=batch_first, training=True)
+    params = layer.init(fd.random.key(0)).apply(lambda t: t.double())
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    key = fd.random.key(1)
+    eager = layer(params, x, key=key)[0]
+    looped = fd.vmap(lambda p: layer(p, x, key=key)[0])(fd.stack([params]))[0]
+    torch.testing.assert_close(eager, looped, rtol=1e-12, atol=1e-12)
