@@ -71,3 +71,11 @@ def test_integer_buffers_under_grad_say_to_hold_them_out():
     trainable, held = fd.partition(params, fd.trainable(bn))
     g = fd.grad(lambda p: bn(fd.combine(p, held), td)["y"].sum())(trainable)
     assert set(g.keys()) == {"weight", "bias"}
+
+
+def test_eval_mode_of_a_torch_module_says_to_wrap_it_or_use_eval():
+    with pytest.raises(
+        TypeError,
+        match=r"Custom is a torch module. Wrap it first, fd.nn.eval_mode\(fd.Module\(model",
+    ):
+        fd.nn.eval_mode(Custom())

@@ -202,6 +202,14 @@ def _set_mode(obj: Any, training: bool) -> Any:
         return obj.with_training(training)
     if isinstance(obj, Layer):
         return layer_with_training(obj, training)
+    if isinstance(obj, torch.nn.Module):
+        name = "train" if training else "eval"
+        raise TypeError(
+            f"{name}_mode(module) switches functd modules and returns a new one; "
+            f"{type(obj).__name__} is a torch module. Wrap it first, "
+            f"fd.nn.{name}_mode(fd.Module(model, in_keys, out_keys)), or switch the torch "
+            f"module itself (model.{name}(), in place) before wrapping it."
+        )
     raise TypeError(
         f"{'train' if training else 'eval'}_mode(module): expected an fd.Module, fd.Sequential or "
         f"functd layer; got a {type(obj).__name__}."
