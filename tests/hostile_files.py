@@ -14,6 +14,7 @@ compression in ways ``zipfile`` refuses to write.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pickle
@@ -403,10 +404,8 @@ def rss_bounds(folder: str) -> dict[str, int]:
         for path in paths:
             _reset_hwm()
             before = _rss_kb()
-            try:
+            with contextlib.suppress(Exception):
                 fd.load(path)
-            except Exception:
-                pass
             if measured:
                 out[path.stem] = _hwm_kb() - before
     _reset_hwm()
@@ -431,7 +430,7 @@ def main() -> None:
         cases = build(a, bomb_mb)
         cmd = [sys.executable, __file__, "--rss", a]
         rss = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True).stdout)
-        print(f"| case | file bytes | outcome | tracemalloc peak | RSS bound |")
+        print("| case | file bytes | outcome | tracemalloc peak | RSS bound |")
         print("|---|---|---|---|---|")
         for c in cases:
             _, err, _ = run(c)
