@@ -34,7 +34,7 @@ def test_kill_9_during_save_leaves_the_old_or_the_new_file(tmp_path):
 def test_a_save_that_fails_midway_leaves_the_old_file_and_no_temporary(tmp_path):
     path = tmp_path / "c.pt"
     fd.save(_td(1.0), path)
-    with pytest.raises(Exception, match="pickle|lambda"):
+    with pytest.raises(Exception, match=r"pickle|lambda"):
         fd.save({"td": _td(2.0), "f": lambda: 0}, path)  # torch.save fails while writing
     assert_close(fd.load(path), _td(1.0))
     assert sorted(os.listdir(tmp_path)) == ["c.pt"]
