@@ -20,3 +20,4 @@ from ._tensordict import _set_checked as _set_checked
 from ._tensordict import _set_data as _set_data
 from ._tensordict import _set_path as _set_path
 from ._tensordict import _set_spec as _set_spec
+from ._tensordict import plain_str as plain_str

@@ -58,15 +58,28 @@ def _check_batch_size(batch_size) -> torch.Size:
     return torch.Size(batch_size)
 
 
+def plain_str(k: str) -> str:
+    """A ``str`` subclass (``enum.StrEnum`` members...) as the plain ``str`` of its value.
+
+    Keys are stored, hashed, compared and printed as plain strings, so a subclass's
+    own ``__eq__``, ``__hash__``, ``__repr__`` or ``__str__`` never reaches functd.
+    """
+    return k if type(k) is str else str.__str__(k)
+
+
 def _check_key(key) -> tuple[str, ...]:
-    """Return the key as a non-empty tuple of str, or raise a clear error."""
-    if isinstance(key, str):
+    """Return the key as a non-empty tuple of plain str, or raise a clear error."""
+    if type(key) is str:
         return (key,)
+    if isinstance(key, str):
+        return (str.__str__(key),)
     if isinstance(key, tuple):
         if not key:
             raise KeyError(E.EMPTY_KEY)
-        if all(isinstance(k, str) for k in key):
+        if all(type(k) is str for k in key):
             return key
+        if all(isinstance(k, str) for k in key):
+            return tuple(str.__str__(k) for k in key)
     example = "'x'" if not isinstance(key, tuple) else "('obs', 'pos')"
     raise TypeError(E.BAD_KEY.format(key=key, type=type(key).__name__, example=example))
 
@@ -159,6 +172,9 @@ class TensorDict:
                     f"TensorDict(source) keys must be str; got the tuple {k!r}. Nest "
                     f"mappings instead ({{'obs': {{'pos': x}}}}) or use td.set({k!r}, x)."
                 )
+            k = plain_str(k)
+            if k in data:
+                raise ValueError(E.DUPLICATE_KEY.format(key=E.fmt_key(k)))
             data[k] = _check_value((k,), v, bs, dev)
         _init(self, data, bs)
 
@@ -213,12 +229,12 @@ class TensorDict:
             if not isinstance(node, TensorDict):
                 if default is not _MISSING:
                     return default
-                raise KeyError(E.not_a_td(key, path[:i], type(node).__name__))
+                raise KeyError(E.not_a_td(path, path[:i], type(node).__name__))
             value = node._data.get(part, _MISSING)
             if value is _MISSING:
                 if default is not _MISSING:
                     return default
-                raise KeyError(E.missing_key(key, path[:i], node._data, i))
+                raise KeyError(E.missing_key(path, path[:i], node._data, i))
             node = value
         return node
 
@@ -228,13 +244,15 @@ class TensorDict:
             if value is _MISSING:
                 raise KeyError(E.missing_key(index, (), self._data, None))
             return value
-        if isinstance(index, tuple) and all(isinstance(i, str) for i in index):
-            return self.get(index)  # () included: the empty-key error
+        if isinstance(index, str) or (
+            isinstance(index, tuple) and all(isinstance(i, str) for i in index)
+        ):
+            return self.get(index)  # () included: the empty-key error; str subclasses
         return _shape.index(self, index)
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):
-            return key in self._data
+            return plain_str(key) in self._data
         if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
             return self.get(key, _ABSENT) is not _ABSENT
         return False
@@ -538,6 +556,9 @@ def _check_value(path: tuple, value: Any, bs: torch.Size, device) -> Any:
             if not isinstance(k, str):
                 _check_key(k)
                 raise TypeError(f"nested mapping keys must be str; got {k!r} under {path!r}")
+            k = plain_str(k)
+            if k in data:
+                raise ValueError(E.DUPLICATE_KEY.format(key=E.fmt_key((*path, k))))
             data[k] = _check_value((*path, k), v, bs, device)
         return _new(data, bs)
     raise TypeError(E.NON_TENSOR.format(key=E.fmt_key(path), type=type(value).__name__))
@@ -591,6 +612,8 @@ def _update(td: TensorDict, other, prefix: tuple) -> TensorDict:
     bs = td._batch_size
     data = dict(td._data)
     for k, v in items:
+        if isinstance(k, str):
+            k = plain_str(k)
         old = data.get(k) if isinstance(k, str) else None
         if isinstance(old, TensorDict) and isinstance(v, Mapping | TensorDict):
             data[k] = _update(old, v, (*prefix, k))
