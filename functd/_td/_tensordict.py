@@ -359,6 +359,7 @@ class TensorDict:
         """
         pairs = {**(mapping or {}), **names}
         values = {old: self.get(old) for old in pairs}
+        pairs = {old: new for old, new in pairs.items() if _check_key(old) != _check_key(new)}
         out = self.exclude(*pairs)
         for old, new in pairs.items():
             out = out.set(new, values[old])
