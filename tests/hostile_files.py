@@ -38,7 +38,8 @@ class Case:
     error: type[BaseException] | None  # None: loads ``value``
     says: str = ""  # a regex the message must match
     value: Any = None
-    honest: int = 0  # bytes of honest content (the file's size, at least 1)
+    honest: int = 0  # bytes of honest content: the file's size (at least 1); inflated
+    # for the honestly deflated archive; the target's for a symlink
 
 
 def good_td() -> fd.TensorDict:
@@ -176,11 +177,13 @@ def build(folder: str | os.PathLike, bomb_mb: int = 256) -> list[Case]:
     td = good_td()
     cases: list[Case] = []
 
-    def add(name: str, blob: bytes | None, error=ValueError, says: str = "", value=None) -> Path:
+    def add(
+        name: str, blob: bytes | None, error=ValueError, says: str = "", value=None, honest=0
+    ) -> Path:
         path = folder / f"{name}.pt"
         if blob is not None:
             path.write_bytes(blob)
-        cases.append(Case(name, path, error, says, value, max(len(blob or b""), 1)))
+        cases.append(Case(name, path, error, says, value, max(honest, len(blob or b""), 1)))
         return path
 
     good = _saved(td)
@@ -281,6 +284,7 @@ def _forged_zips(add, good: bytes, td, bomb_mb: int) -> None:
         _zip([_entry(k, v, zipfile.ZIP_DEFLATED) for k, v in mem.items()]),
         None,
         value=td,
+        honest=sum(len(v) for v in mem.values()),  # its content inflated
     )
     add(
         "nested_zip",
@@ -350,7 +354,7 @@ def _not_files(add, folder: Path, td, good_size: int) -> None:
     loop = add("symlink_loop", None, says=r"a loop of symlinks")
     os.symlink(loop.name, loop)
     os.symlink("/dev/zero", add("device", None, says=r"this is a device, not a regular file"))
-    os.symlink("good.pt", add("symlink_to_good", None, None, value=td))
+    os.symlink("good.pt", add("symlink_to_good", None, None, value=td, honest=good_size))
 
 
 # ----------------------------------------------------------------- measuring

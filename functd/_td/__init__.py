@@ -9,10 +9,11 @@ Example:
     torch.Size([2])
 """
 
+from ._key import _check_key as _check_key
+from ._key import plain_str as plain_str
 from ._tensordict import Key as Key
 from ._tensordict import TensorDict as TensorDict
 from ._tensordict import _alloc as _alloc
-from ._tensordict import _check_key as _check_key
 from ._tensordict import _is_dynamo as _is_dynamo
 from ._tensordict import _new as _new
 from ._tensordict import _set_bs as _set_bs
@@ -20,4 +21,3 @@ from ._tensordict import _set_checked as _set_checked
 from ._tensordict import _set_data as _set_data
 from ._tensordict import _set_path as _set_path
 from ._tensordict import _set_spec as _set_spec
-from ._tensordict import plain_str as plain_str

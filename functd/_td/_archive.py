@@ -188,26 +188,26 @@ def _check_crc(f: IO[bytes], info: zipfile.ZipInfo, start: int, where: str) -> N
     f.seek(start)
     left, crc, size = info.compress_size, 0, 0
     inflate = None if info.compress_type == zipfile.ZIP_STORED else zlib.decompressobj(-15)
-    while left:
-        raw = f.read(min(left, _CHUNK))
-        if not raw:
-            break
-        left -= len(raw)
-        if inflate is None:
-            crc, size = zlib.crc32(raw, crc), size + len(raw)
-            continue
-        try:
+    try:
+        while left:
+            raw = f.read(min(left, _CHUNK))
+            if not raw:
+                break
+            left -= len(raw)
+            if inflate is None:
+                crc, size = zlib.crc32(raw, crc), size + len(raw)
+                continue
             while raw and size <= info.file_size:
                 out = inflate.decompress(raw, _CHUNK)
                 crc, size, raw = zlib.crc32(out, crc), size + len(out), inflate.unconsumed_tail
-        except zlib.error as e:
-            raise ValueError(
-                f"{where}: member {info.filename!r} does not inflate ({e}); the file is "
-                "damaged. Use an intact copy."
-            ) from None
-    if inflate is not None and size <= info.file_size:
-        out = inflate.flush()  # what a match in progress still holds (< 300 bytes)
-        crc, size = zlib.crc32(out, crc), size + len(out)
+        if inflate is not None and size <= info.file_size:
+            out = inflate.flush()  # what a match in progress still holds (< 300 bytes)
+            crc, size = zlib.crc32(out, crc), size + len(out)
+    except zlib.error as e:
+        raise ValueError(
+            f"{where}: member {info.filename!r} does not inflate ({e}); the file is "
+            "damaged. Use an intact copy."
+        ) from None
     if left or size != info.file_size or crc != info.CRC:
         raise ValueError(
             f"{where}: member {info.filename!r} is corrupted: its CRC-32 checksum does not "

@@ -25,6 +25,7 @@ import torch
 from .. import _errors as E
 from . import _shape
 from ._construct import _LEAF_TYPES, _SIZES, _fast_leaves, _size1
+from ._key import _check_key, plain_str
 from ._repr import td_repr
 
 Key = str | tuple[str, ...]
@@ -56,32 +57,6 @@ def _check_batch_size(batch_size) -> torch.Size:
                 E.BAD_BATCH.format(batch_size=batch_size)
             )
     return torch.Size(batch_size)
-
-
-def plain_str(k: str) -> str:
-    """A ``str`` subclass (``enum.StrEnum`` members...) as the plain ``str`` of its value.
-
-    Keys are stored, hashed, compared and printed as plain strings, so a subclass's
-    own ``__eq__``, ``__hash__``, ``__repr__`` or ``__str__`` never reaches functd.
-    """
-    return k if type(k) is str else str.__str__(k)
-
-
-def _check_key(key) -> tuple[str, ...]:
-    """Return the key as a non-empty tuple of plain str, or raise a clear error."""
-    if type(key) is str:
-        return (key,)
-    if isinstance(key, str):
-        return (str.__str__(key),)
-    if isinstance(key, tuple):
-        if not key:
-            raise KeyError(E.EMPTY_KEY)
-        if all(type(k) is str for k in key):
-            return key
-        if all(isinstance(k, str) for k in key):
-            return tuple(str.__str__(k) for k in key)
-    example = "'x'" if not isinstance(key, tuple) else "('obs', 'pos')"
-    raise TypeError(E.BAD_KEY.format(key=key, type=type(key).__name__, example=example))
 
 
 def _common_prefix(shapes: list[torch.Size]) -> list[int]:
