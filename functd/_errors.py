@@ -67,6 +67,10 @@ BAD_KEY = (
     "TensorDict keys are str or non-empty tuples of str (a nested path); got {key!r} "
     "of type {type}. Write td[{example}]."
 )
+DUPLICATE_KEY = (
+    "TensorDict(source): the key {key} appears twice (two keys with the same string value, "
+    "such as an enum.StrEnum member and its plain str); give each entry once."
+)
 EMPTY_KEY = (
     "TensorDict keys may not be the empty tuple (); give a str or a tuple of str. "
     "To index all batch dims write td[...]."

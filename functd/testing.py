@@ -134,6 +134,7 @@ def tensordicts(
     devices: Sequence[str | torch.device] = ("cpu",),
     max_feature_dims: int = 2,
     max_side: int = 3,
+    max_extra_dims: int = 0,
 ):
     """Hypothesis strategy of TensorDicts.
 
@@ -146,6 +147,8 @@ def tensordicts(
         devices: devices drawn for the leaves (one per TensorDict).
         max_feature_dims: feature dims of each leaf, after the batch dims.
         max_side: largest size of a feature dim.
+        max_extra_dims: extra batch dims a nested TensorDict may have beyond its
+            parent's (0: nested levels share their parent's batch size).
 
     Example:
         >>> @given(tensordicts(batch_shape=batch_shapes(), dtypes=(torch.float64,)))
@@ -175,7 +178,10 @@ def tensordicts(
         out = {}
         for k in keys:
             if depth > 1 and draw(st.booleans()):
-                out[k] = _level(draw, bs, depth - 1, g, device)
+                extra = draw(st.lists(st.integers(1, max_side), max_size=max_extra_dims))
+                sub = (*bs, *extra)
+                level = _level(draw, sub, depth - 1, g, device)
+                out[k] = TensorDict(level, sub) if extra else level
                 continue
             feat = draw(st.lists(st.integers(1, max_side), max_size=max_feature_dims))
             dtype = draw(st.sampled_from(list(dtypes)))

@@ -347,3 +347,74 @@ def test_stack_and_cat_reject_a_foreign_tensordict_like():
             f([td, Lookalike()])
     with pytest.raises(TypeError, match="unstack takes a TensorDict"):
         fd.unstack(Lookalike())
+
+
+# ---------------------------------------------------------------- nested extra batch dims
+def deep():
+    """Batch [2, 3]; 'n' has batch [2, 3, 4] and 'n','m' has [2, 3, 4, 5]; one empty level."""
+    g = torch.Generator().manual_seed(2)
+    m = fd.TensorDict({"c": torch.randn(2, 3, 4, 5, 1, generator=g)}, [2, 3, 4, 5])
+    n = fd.TensorDict({"b": torch.randn(2, 3, 4, 6, generator=g), "m": m,
+                       "e": fd.TensorDict({}, [2, 3, 4, 7])}, [2, 3, 4])  # fmt: skip
+    return fd.TensorDict({"a": torch.randn(2, 3, generator=g), "n": n}, [2, 3])
+
+
+@pytest.mark.parametrize(
+    ("op", "leaf"),
+    [
+        (lambda t: t.reshape(6), lambda x: x.reshape(6, *x.shape[2:])),
+        (lambda t: t.reshape(3, -1), lambda x: x.reshape(3, 2, *x.shape[2:])),
+        (lambda t: t.expand(7, 2, 3), lambda x: x.expand(7, *x.shape)),
+        (lambda t: t.unsqueeze(1), lambda x: x.unsqueeze(1)),
+        (lambda t: t.unsqueeze(-1), lambda x: x.unsqueeze(2)),
+        (lambda t: t[1], lambda x: x[1]),
+        (lambda t: t[:, [2, 0]], lambda x: x[:, [2, 0]]),
+        (lambda t: t[..., None], lambda x: x[:, :, None]),
+    ],
+)
+def test_shape_ops_keep_the_extra_batch_dims_of_nested_levels(op, leaf):
+    td = deep()
+    out = op(td)
+    n0 = td.batch_dims
+    for k, v in td.items(include_nested=True):  # every level: its new batch + its own extras
+        if isinstance(v, fd.TensorDict):
+            extra = v.batch_size[n0:]
+            assert out[k].batch_size == (*out.batch_size, *extra), k
+        else:
+            assert torch.equal(out[k], leaf(v)), k
+    assert out["n", "e"].batch_size == (*out.batch_size, 4, 7)  # the empty level too
+
+
+def test_squeeze_and_unbind_of_nested_extra_batch_dims():
+    td = deep().unsqueeze(0)
+    out = td.squeeze()
+    assert out.batch_size == (2, 3) and out["n", "m"].batch_size == (2, 3, 4, 5)
+    assert_close(out, deep())
+    parts = td.unbind(2)
+    assert len(parts) == 3 and parts[1]["n", "m"].batch_size == (1, 2, 4, 5)
+    assert torch.equal(parts[1]["n", "m", "c"], td["n", "m", "c"][:, :, 1])
+
+
+def test_index_errors_are_functd_errors():
+    td = make((4, 3))
+    with pytest.raises(IndexError, match=r"index 4: 4 is out of range for batch dim 0 of size 4"):
+        td[4]
+    with pytest.raises(IndexError, match=r"-4 is out of range for batch dim 1 of size 3 .*-3 to 2"):
+        td[:, -4]
+    with pytest.raises(
+        IndexError, match=r"a bool mask of shape \[3\] on batch dims 0.. of sizes \[4\]"
+    ):
+        td[torch.tensor([True, False, True])]
+    with pytest.raises(
+        IndexError, match=r"TensorDict index tensor\(\[5\]\) on batch_size \[4, 3\]: "
+    ):
+        td[torch.tensor([5])]  # a value out of range: torch's reason, in functd's error
+    with pytest.raises(TypeError, match=r"an index tensor must hold integers or be a bool mask"):
+        td[torch.tensor([0.0])]
+    assert td[[]].batch_size == (0, 3)  # an empty list indexes nothing, as for a tensor
+
+
+def test_rename_to_itself_keeps_the_order():
+    td = make()
+    assert td.rename({"x": "x"}).keys() == td.keys()
+    assert td.rename({"x": "y"}).keys() == ("s", "obs", "y")  # a new name goes last

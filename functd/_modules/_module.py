@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _new
+from .._td import Key, TensorDict, _new, plain_str
 from ..nn._base import Layer
 from ..nn._lower import FunctionalCall, lower
 from ._binding import bind_layer, held_paths, raise_held
@@ -153,6 +153,7 @@ class Module(ModuleKind):
                     f"Module: a dict in_keys maps td keys to argument names (str); got "
                     f"argument name(s) {bad!r}. With {{argument: td_key}} pass out_to_in_map=True."
                 )
+            kwargs = tuple(plain_str(a) for a in kwargs)  # a str subclass: its value
         elif out_to_in_map is not None:
             raise ValueError(
                 "Module: out_to_in_map only applies to a dict in_keys ({td_key: argument} or, "

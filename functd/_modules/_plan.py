@@ -22,8 +22,15 @@ keeps the reference's semantics exactly, using the same building blocks:
 
 Under torch.compile (dynamo) the reference call runs: the traced graph is the
 same and the plan cache stays out of the guards. The cache holds at most
-``MAX_PLANS`` layouts per Sequential (then the reference call serves) and lives
-on the Sequential itself, so dropping the module drops its plans.
+``MAX_PLANS`` layouts per Sequential, evicting the least recently used one (a
+dict in recency order; a call with the same layout as the last one skips the
+bookkeeping), and lives on the Sequential itself, so dropping the module drops
+its plans.
+
+No user value becomes source code: keys, param entry names and argument names
+are bound in the plan's namespace (``K0 = 'x'``) and reach its body as
+keyword-only defaults (fast locals); the source holds only identifiers that
+functd made, functd's own literals and plain ints.
 
 Example:
     >>> out = block(params, td)               # first call: builds the plan for td's layout
@@ -39,7 +46,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec
+from .._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec, plain_str
 from ..nn._linear import Linear
 from ..random import fold_in
 from ._call import _empty_params, bad_params, call_td
@@ -48,7 +55,7 @@ from ._params_check import _check_params
 
 __all__ = ["MAX_PLANS", "plan_source", "reference", "run"]
 
-#: Most layouts planned per Sequential; further layouts take the reference call.
+#: Most layouts planned per Sequential; a new layout beyond them evicts the least recently used.
 MAX_PLANS = 16
 
 _Tensor = torch.Tensor
@@ -99,9 +106,19 @@ def _early_drops(modules: Any, drop: tuple) -> list[tuple[str, ...]]:
     return [tuple(ks) for ks in out]
 
 
-def _give_up(params: Any, data: dict, bs: torch.Size, opts: Any) -> None:
-    """The plan of a layout that the reference call must serve (it raises the error)."""
-    return None
+def _give_up() -> Any:
+    """The plan of a layout that the reference call must serve (it raises the error): a
+    new function per layout, so that the cache's recency test (``is``) tells them apart."""
+
+    def give_up(params: Any, data: dict, bs: torch.Size, opts: Any) -> None:
+        return None
+
+    give_up.gives_up = True  # type: ignore[attr-defined]
+    return give_up
+
+
+#: The most recently used plan of a Sequential that has run none yet.
+NO_PLAN = object()
 
 
 def _check_child(m: Any, p: Any) -> bool:
@@ -134,11 +151,17 @@ def run(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict | None:
     bs = td._batch_size
     key = None if opts is None else opts.key
     layout = (tuple(data), len(bs), key is None and type(params) is TensorDict)
-    plan = seq._plans.get(layout)
+    plans = seq._plans
+    plan = plans.get(layout)
     if plan is None:
-        if len(seq._plans) >= MAX_PLANS:
-            return None
-        plan = seq._plans[layout] = _compile(seq, layout)
+        plan = _compile(seq, layout)
+        while len(plans) >= MAX_PLANS:  # evict the least recently used (the first)
+            plans.pop(next(iter(plans), None), None)
+    elif plan is not seq._plan_mru:
+        plans.pop(layout, None)  # (another thread may have moved it already)
+    if plan is not seq._plan_mru:
+        plans[layout] = plan  # the most recently used goes last
+        object.__setattr__(seq, "_plan_mru", plan)
     return plan(params, data, bs, opts)
 
 
@@ -152,15 +175,18 @@ def reference(
 
 def plan_source(seq: Any, td: TensorDict, *, key: Any = None, params: Any = None) -> str:
     """The Python source of ``seq``'s plan for ``td``'s layout ("" when the reference
-    call serves it)."""
+    call serves it), followed by comments naming the strings its ``K<n>`` stand for
+    (for reading only: the compiled source has no such text)."""
     early = key is None and type(params) is TensorDict
-    return _generate(seq, (tuple(td._data), len(td._batch_size), early))[0]
+    src, ns = _generate(seq, (tuple(td._data), len(td._batch_size), early))
+    names = sorted((k for k in ns if k[:1] == "K" and k[1:].isdigit()), key=lambda k: int(k[1:]))
+    return src + "".join(f"# {k} = {ns[k]!r}\n" for k in names)
 
 
 def _compile(seq: Any, layout: tuple):
     src, ns = _generate(seq, layout)
     if not src:
-        return _give_up
+        return _give_up()
     code = compile(src, f"<functd plan of {seq._label()}>", "exec")
     exec(code, ns)
     return ns["plan"]
@@ -188,6 +214,18 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     }
     lines: list[str] = []
     emit = lines.append
+    consts: dict[str, str] = {}  # a user's str (key, param name, argument name) -> its local
+
+    def c(value: str) -> str:
+        """The local bound to ``value``: user values live in the namespace, never in the
+        source (a key's repr is the user's code; StrEnum members repr as ``<K.X: 'x'>``)."""
+        value = plain_str(value)
+        name = consts.get(value)
+        if name is None:
+            name = consts[value] = f"K{len(consts)}"
+            ns[name] = value
+        return name
+
     # Static state of the working dict: which keys it holds (in insertion order), which
     # of them sit in the dict ``base`` (the td's entries, or the dict an opaque child
     # last ran on), and the local variable holding each key's latest value.
@@ -206,7 +244,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     def read(k: str) -> str:
         if k not in var:
             v = fresh()
-            emit(f"    {v} = base[{k!r}]")
+            emit(f"    {v} = base[{c(k)}]")
             var[k] = v
         return var[k]
 
@@ -214,45 +252,45 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         """Emit ``name`` = a dict equal to the reference's working dict at this point."""
         live_order = [k for k in order if k in live]
         if base_is_data:  # one dict display, in the reference dict's key order
-            body = ", ".join(f"{k!r}: {var.get(k, f'base[{k!r}]')}" for k in live_order)
+            body = ", ".join(f"{c(k)}: {var.get(k, f'base[{c(k)}]')}" for k in live_order)
             emit(f"    {name} = {{{body}}}")
             return
         emit(f"    {name} = base")  # a dict of ours (made for an opaque child): reused
         for k in live_order:
             if k in dirty:
-                emit(f"    {name}[{k!r}] = {var[k]}")
+                emit(f"    {name}[{c(k)}] = {var[k]}")
         for k in sorted(in_base - live):
-            emit(f"    del {name}[{k!r}]")
+            emit(f"    del {name}[{c(k)}]")
 
     steps = seq._steps
     has_p = [s[2] for s in steps]
     if seq._nparams < sys.maxsize:  # params with an entry no child owns: the loop raises
-        emit(f"    if type(params) is TD and len(params._data) > {seq._nparams}:")
+        emit(f"    if type(params) is TD and len(params._data) > {int(seq._nparams)}:")
         emit("        return None")
     if any(has_p):
         emit("    if type(params) is not TD:")
         emit("        return None")
         emit("    pd = params._data")
         emit("    try:")
-        for (name, *_), hp in zip(steps, has_p):
+        for j, ((name, *_), hp) in enumerate(zip(steps, has_p)):
             if hp:
-                emit(f"        p_{name} = pd[{name!r}]")
+                emit(f"        p{j} = pd[{c(name)}]")
         emit("    except KeyError:")
         emit("        return None")
     emit("    base = data")
     if seq._random:
         ns["fold_in"] = fold_in
         emit("    key = None if opts is None else opts.key")
-    for i, (name, m, hp, rnd, idx, run) in enumerate(steps):
+    for i, (_name, m, hp, rnd, idx, run) in enumerate(steps):
         ns[f"M{i}"] = m
-        p = f"p_{name}" if hp else "None"
+        p = f"p{i}" if hp else "None"
         if m._inline():
             if any(k not in live for k in m.in_keys):
                 return "", {}  # the reference call raises the missing-input error
             args = [read(k) for k in m.in_keys]
             kw = ""
             if rnd:
-                emit(f"    k{i} = None if key is None else fold_in(key, {idx})")
+                emit(f"    k{i} = None if key is None else fold_in(key, {int(idx)})")
                 kw = f", key=k{i}"
             kind = m._kind
             if kind == 2:
@@ -274,7 +312,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                 call = f"F{i}({', '.join(['_empty', *args])}{kw})"
             else:
                 ns[f"F{i}"] = m._fn
-                kws = ", ".join(f"{a!r}: {v}" for a, v in zip(m._kwargs, args))
+                kws = ", ".join(f"{c(a)}: {v}" for a, v in zip(m._kwargs, args))
                 call = f"F{i}(**{{{kws}}})"
             outs = m.out_keys
             vs = [fresh() for _ in outs]
@@ -298,7 +336,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                 else:
                     cond = f"type({v}) is not T or {v}.shape[:{n}] != bs"
                 emit(f"    if {cond}:")
-                emit(f"        {v} = _write1(M{i}, bs, {v}, {o!r})")
+                emit(f"        {v} = _write1(M{i}, bs, {v}, {c(o)})")
             else:
                 emit(f"    {', '.join(vs)}, = _write_n(M{i}, bs, {call})")
             for o, v in zip(outs, vs):
@@ -310,7 +348,11 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         else:
             working_dict("d")
             d = "d"
-            o = f"opts if key is None else opts.with_key(fold_in(key, {idx}))" if rnd else "opts"
+            o = (
+                f"opts if key is None else opts.with_key(fold_in(key, {int(idx)}))"
+                if rnd
+                else "opts"
+            )
             ns[f"R{i}"] = run  # the step the loop runs for this child
             emit(f"    R{i}({p}, {d}, bs, {o})")
             emit(f"    base = {d}")
@@ -349,5 +391,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     emit("    _set_spec(td, None)")
     emit("    _set_checked(td, None)")
     emit("    return td")
-    src = "def plan(params, data, bs, opts):\n" + "\n".join(lines) + "\n"
-    return src, ns
+    # the user's strings reach the body as keyword-only defaults: fast locals, bound from ns
+    bound = "".join(f", {n}={n}" for n in consts.values())
+    head = f"def plan(params, data, bs, opts{', *' if bound else ''}{bound}):\n"
+    return head + "\n".join(lines) + "\n", ns

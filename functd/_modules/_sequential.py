@@ -72,6 +72,7 @@ class SequenceKind(ModuleKind):
         "_nparams",
         "_param_names",
         "_plain",
+        "_plan_mru",
         "_plans",
         "_random",
         "_run",
@@ -137,7 +138,8 @@ class SequenceKind(ModuleKind):
             ),
         )
         set_(self, "_stateful", any(m.stateful for m in flat))
-        set_(self, "_plans", {})  # layout -> straight-line plan (_plan.py), bounded
+        set_(self, "_plans", {})  # layout -> straight-line plan (_plan.py), LRU-bounded
+        set_(self, "_plan_mru", _plan.NO_PLAN)  # the plan of the last call (_plan.run)
         set_(self, "_run", self._stateful_step if self._stateful else self._step)
         # the params entries a call accepts: its own children's, or (a slice, given
         # `_names`) unchecked until _takes_params_of names the whole model's
@@ -320,9 +322,9 @@ class SequenceKind(ModuleKind):
             plan = self._plans.get(
                 (tuple(data), len(bs), key is None and type(params) is TensorDict)
             )
-            out = (
+            out = (  # the last call's layout again: no LRU bookkeeping to do
                 plan(params, data, bs, opts)
-                if plan is not None
+                if plan is self._plan_mru
                 else _plan.run(self, params, td, opts)
             )
             if out is not None:

@@ -9,10 +9,11 @@ Example:
     torch.Size([2])
 """
 
+from ._key import _check_key as _check_key
+from ._key import plain_str as plain_str
 from ._tensordict import Key as Key
 from ._tensordict import TensorDict as TensorDict
 from ._tensordict import _alloc as _alloc
-from ._tensordict import _check_key as _check_key
 from ._tensordict import _is_dynamo as _is_dynamo
 from ._tensordict import _new as _new
 from ._tensordict import _set_bs as _set_bs

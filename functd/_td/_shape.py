@@ -53,9 +53,16 @@ def _normalize_index(idx: Any, bs: torch.Size) -> tuple:
         elif isinstance(it, int | torch.SymInt | slice):
             used += 1
         elif isinstance(it, list | range):
-            items[i] = it = torch.as_tensor(list(it))
+            items[i] = it = (
+                torch.as_tensor(list(it)) if len(it) else torch.zeros(0, dtype=torch.long)
+            )
             used += it.ndim if it.dtype == torch.bool else 1
         elif isinstance(it, torch.Tensor):
+            if it.dtype != torch.bool and (it.dtype.is_floating_point or it.dtype.is_complex):
+                raise TypeError(
+                    f"TensorDict index {idx!r}: an index tensor must hold integers or be a bool "
+                    f"mask; got dtype {it.dtype}."
+                )
             used += it.ndim if it.dtype == torch.bool else 1
         elif isinstance(it, str):
             raise TypeError(
@@ -71,7 +78,32 @@ def _normalize_index(idx: Any, bs: torch.Size) -> tuple:
         raise IndexError(E.index_too_many(used, bs))
     if ellipsis is not None:
         items[ellipsis : ellipsis + 1] = [slice(None)] * (len(bs) - used)
+    _check_bounds(idx, items, bs)
     return tuple(items)
+
+
+def _check_bounds(idx: Any, items: list, bs: torch.Size) -> None:
+    """Integers within their batch dim, bool masks of the shape of the dims they cover."""
+    d = 0
+    for it in items:
+        if it is None:
+            continue
+        if type(it) is int:
+            if not -bs[d] <= it < bs[d]:
+                raise IndexError(
+                    f"TensorDict index {idx!r}: {it} is out of range for batch dim {d} of size "
+                    f"{bs[d]} (batch_size {list(bs)}; valid: {-bs[d]} to {bs[d] - 1})."
+                )
+        elif isinstance(it, torch.Tensor) and it.dtype == torch.bool:
+            if it.shape != bs[d : d + it.ndim]:
+                raise IndexError(
+                    f"TensorDict index {idx!r}: a bool mask of shape {list(it.shape)} on batch "
+                    f"dims {d}.. of sizes {list(bs[d : d + it.ndim])} (batch_size {list(bs)}); "
+                    "a mask must have the shape of the batch dims it covers."
+                )
+            d += it.ndim
+            continue
+        d += 1
 
 
 def index(td: TensorDict, idx: Any) -> TensorDict:
@@ -82,7 +114,13 @@ def index(td: TensorDict, idx: Any) -> TensorDict:
     Raises:
         IndexError: the index uses more dims than the batch has.
     """
-    return _index(td, _normalize_index(idx, td._batch_size))
+    items = _normalize_index(idx, td._batch_size)
+    try:
+        return _index(td, items)
+    except (IndexError, RuntimeError) as e:  # e.g. an index tensor's value out of range
+        raise IndexError(
+            f"TensorDict index {idx!r} on batch_size {list(td._batch_size)}: {e}"
+        ) from None
 
 
 def _index(td: TensorDict, items: tuple) -> TensorDict:
@@ -267,13 +305,20 @@ def _infer_shape(shape: tuple, numel) -> torch.Size:
 
 
 def _map_batch(td: TensorDict, fn, new_bs: torch.Size) -> TensorDict:
-    """Apply ``fn(leaf, feature_shape)`` to each leaf; children recurse."""
-    n = len(td._batch_size)
+    """Apply ``fn(leaf, rest)`` to each leaf, where ``rest`` is the leaf's shape after
+    ``td``'s batch dims (for a leaf of a nested TensorDict with extra batch dims, those
+    extra dims come first in ``rest``). A nested level's new batch size is ``new_bs``
+    followed by its own extra dims."""
+    return _map_level(td, fn, new_bs, len(td._batch_size), new_bs)
+
+
+def _map_level(td: TensorDict, fn, top_bs: torch.Size, n: int, new_bs: torch.Size):
     cls = type(td)
     data = {}
     for k, v in td._data.items():
         if isinstance(v, cls):
-            data[k] = _map_batch(v, fn, torch.Size((*new_bs, *v._batch_size[n:])))
+            sub = torch.Size((*top_bs, *v._batch_size[n:]))
+            data[k] = _map_level(v, fn, top_bs, n, sub)
         else:
             data[k] = fn(v, v.shape[n:])
     return td._from_parts(data, new_bs)

@@ -25,6 +25,7 @@ import torch
 from .. import _errors as E
 from . import _shape
 from ._construct import _LEAF_TYPES, _SIZES, _fast_leaves, _size1
+from ._key import _check_key, plain_str
 from ._repr import td_repr
 
 Key = str | tuple[str, ...]
@@ -56,19 +57,6 @@ def _check_batch_size(batch_size) -> torch.Size:
                 E.BAD_BATCH.format(batch_size=batch_size)
             )
     return torch.Size(batch_size)
-
-
-def _check_key(key) -> tuple[str, ...]:
-    """Return the key as a non-empty tuple of str, or raise a clear error."""
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple):
-        if not key:
-            raise KeyError(E.EMPTY_KEY)
-        if all(isinstance(k, str) for k in key):
-            return key
-    example = "'x'" if not isinstance(key, tuple) else "('obs', 'pos')"
-    raise TypeError(E.BAD_KEY.format(key=key, type=type(key).__name__, example=example))
 
 
 def _common_prefix(shapes: list[torch.Size]) -> list[int]:
@@ -159,6 +147,9 @@ class TensorDict:
                     f"TensorDict(source) keys must be str; got the tuple {k!r}. Nest "
                     f"mappings instead ({{'obs': {{'pos': x}}}}) or use td.set({k!r}, x)."
                 )
+            k = plain_str(k)
+            if k in data:
+                raise ValueError(E.DUPLICATE_KEY.format(key=E.fmt_key(k)))
             data[k] = _check_value((k,), v, bs, dev)
         _init(self, data, bs)
 
@@ -213,12 +204,12 @@ class TensorDict:
             if not isinstance(node, TensorDict):
                 if default is not _MISSING:
                     return default
-                raise KeyError(E.not_a_td(key, path[:i], type(node).__name__))
+                raise KeyError(E.not_a_td(path, path[:i], type(node).__name__))
             value = node._data.get(part, _MISSING)
             if value is _MISSING:
                 if default is not _MISSING:
                     return default
-                raise KeyError(E.missing_key(key, path[:i], node._data, i))
+                raise KeyError(E.missing_key(path, path[:i], node._data, i))
             node = value
         return node
 
@@ -228,13 +219,15 @@ class TensorDict:
             if value is _MISSING:
                 raise KeyError(E.missing_key(index, (), self._data, None))
             return value
-        if isinstance(index, tuple) and all(isinstance(i, str) for i in index):
-            return self.get(index)  # () included: the empty-key error
+        if isinstance(index, str) or (
+            isinstance(index, tuple) and all(isinstance(i, str) for i in index)
+        ):
+            return self.get(index)  # () included: the empty-key error; str subclasses
         return _shape.index(self, index)
 
     def __contains__(self, key: object) -> bool:
         if isinstance(key, str):
-            return key in self._data
+            return plain_str(key) in self._data
         if isinstance(key, tuple) and key and all(isinstance(k, str) for k in key):
             return self.get(key, _ABSENT) is not _ABSENT
         return False
@@ -341,6 +334,7 @@ class TensorDict:
         """
         pairs = {**(mapping or {}), **names}
         values = {old: self.get(old) for old in pairs}
+        pairs = {old: new for old, new in pairs.items() if _check_key(old) != _check_key(new)}
         out = self.exclude(*pairs)
         for old, new in pairs.items():
             out = out.set(new, values[old])
@@ -538,6 +532,9 @@ def _check_value(path: tuple, value: Any, bs: torch.Size, device) -> Any:
             if not isinstance(k, str):
                 _check_key(k)
                 raise TypeError(f"nested mapping keys must be str; got {k!r} under {path!r}")
+            k = plain_str(k)
+            if k in data:
+                raise ValueError(E.DUPLICATE_KEY.format(key=E.fmt_key((*path, k))))
             data[k] = _check_value((*path, k), v, bs, device)
         return _new(data, bs)
     raise TypeError(E.NON_TENSOR.format(key=E.fmt_key(path), type=type(value).__name__))
@@ -591,6 +588,8 @@ def _update(td: TensorDict, other, prefix: tuple) -> TensorDict:
     bs = td._batch_size
     data = dict(td._data)
     for k, v in items:
+        if isinstance(k, str):
+            k = plain_str(k)
         old = data.get(k) if isinstance(k, str) else None
         if isinstance(old, TensorDict) and isinstance(v, Mapping | TensorDict):
             data[k] = _update(old, v, (*prefix, k))

@@ -1,0 +1,119 @@
+"""Crash-safe file replacement: write a temporary file, fsync it, ``os.replace`` it.
+
+``atomic_write(path, write)`` calls ``write(f)`` on a new file in ``path``'s
+folder, flushes and fsyncs it, renames it onto ``path`` (atomic on POSIX and
+Windows) and fsyncs the folder, so the rename itself survives a power loss.
+Whoever reads ``path`` at any moment sees the old file or the new one, whole.
+
+Temporary files are named ``.<name>.fdsave-<host>-<pid>-<random>.tmp``. A
+process killed while writing leaves its temporary file behind; the next
+``atomic_write`` of the same path on the same host removes the ones whose
+process is gone (POSIX only; a process still alive is never disturbed).
+
+Example:
+    >>> atomic_write("ckpt.pt", lambda f: torch.save(obj, f), "functd.save")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import secrets
+import socket
+import stat
+from collections.abc import Callable
+from typing import IO
+
+__all__ = ["atomic_write", "temp_prefix"]
+
+_HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:32] or "host"
+
+
+def temp_prefix(path: str) -> str:
+    """The name every temporary file of ``path`` starts with (inside its folder)."""
+    return f".{os.path.basename(path)[:120]}.fdsave-{_HOST}-"
+
+
+def atomic_write(path: str, write: Callable[[IO[bytes]], None], where: str) -> None:
+    """Write ``path`` through ``write(f)`` so that a crash leaves the old file or the new.
+
+    Raises:
+        FileNotFoundError: the folder of ``path`` does not exist.
+        IsADirectoryError: ``path`` is a folder (a symlink to a folder is replaced).
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise FileNotFoundError(f"{where}({path!r}): the folder {folder!r} does not exist.")
+    if os.path.isdir(path) and not os.path.islink(path):
+        raise IsADirectoryError(f"{where}({path!r}): this is a folder; give a file name.")
+    mode = _mode_of(path)
+    tmp = os.path.join(folder, f"{temp_prefix(path)}{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    fd = os.open(tmp, flags, 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                with contextlib.suppress(OSError, AttributeError):
+                    os.fchmod(f.fileno(), mode)
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    _fsync_folder(folder)
+    _sweep(folder, path)
+
+
+def _mode_of(path: str) -> int | None:
+    """The permission bits of an existing regular file at ``path`` (not through a link)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
+
+
+def _fsync_folder(folder: str) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:  # e.g. Windows, where a folder cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # a file system that cannot sync folders (EINVAL)
+        pass
+    finally:
+        os.close(fd)
+
+
+def _sweep(folder: str, path: str) -> None:
+    """Remove temporary files of ``path`` left by processes of this host that are gone."""
+    if os.name != "posix":
+        return
+    prefix = temp_prefix(path)
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(prefix) and n.endswith(".tmp")]
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix) :].split("-", 1)[0]
+        if not pid.isdigit() or _alive(int(pid)):
+            continue
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(folder, name))
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OSError, OverflowError):
+        return True
+    return True
