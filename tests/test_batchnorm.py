@@ -344,8 +344,10 @@ def test_bad_inputs_have_clear_errors():
         fnn.update_state(params, state.set("running_mean", torch.zeros(3)))
     with pytest.raises(TypeError, match="second argument must be a TensorDict"):
         fnn.update_state(params, {"running_mean": torch.zeros(4)})
-    with pytest.raises(TypeError, match=r"eval_mode\(module\): expected an fd\.Module"):
+    with pytest.raises(TypeError, match=r"eval_mode\(module\) switches functd modules.*Wrap it"):
         fnn.eval_mode(nn.BatchNorm1d(3))
+    with pytest.raises(TypeError, match=r"eval_mode\(module\): expected an fd\.Module"):
+        fnn.eval_mode("bn")
     assert_close(params, bn.init(0))  # nothing changed by the failed calls
 
 
