@@ -32,6 +32,7 @@ from torch import Tensor
 from .._td import TensorDict
 from .._td._tree import flat_leaves
 from . import _group
+from ._faults import failed
 from ._collectives import _all_reduce, _issue, _pack, _prepare, _reduce_op, _unpack
 
 __all__ = ["reduce_td"]
@@ -87,7 +88,10 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
         if world > 1:
             if op == "mean":
                 flat.div_(world)
-            dist.all_reduce(flat, _reduce_op(where, op), group=g)
+            try:
+                dist.all_reduce(flat, _reduce_op(where, op), group=g)
+            except RuntimeError as e:
+                raise failed(where, "all_reduce", e) from e
         # the leaves as the layout: cheaper than meta tensors, only their shapes are read
         return _unflatten(flat, leaves)
     flats = [_pack(leaves, b) for b in buckets]
@@ -95,7 +99,7 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
         if op == "mean":
             for f in flats:
                 f.div_(world)  # our own buffers
-        _issue(dist.all_reduce, [(f,) for f in flats], _reduce_op(where, op), group=g)
+        _issue(where, dist.all_reduce, [(f,) for f in flats], _reduce_op(where, op), group=g)
     out: list = [None] * len(leaves)
     for f, b in zip(flats, buckets):
         _unpack(f, b, out)
