@@ -32,8 +32,8 @@ from torch import Tensor
 from .._td import TensorDict
 from .._td._tree import flat_leaves
 from . import _group
-from ._faults import failed
 from ._collectives import _all_reduce, _issue, _pack, _prepare, _reduce_op, _unpack
+from ._faults import failed
 
 __all__ = ["reduce_td"]
 
