@@ -21,6 +21,7 @@ import functd as fd
 
 ROOT = Path(__file__).resolve().parents[1]
 EPOCHS = 5
+JOB_ARGS = ["--kills", "3", "--write-kills", "--seed", "0"]
 
 
 class Crash(Exception):
@@ -234,8 +235,7 @@ def test_sigkill_at_random_moments_and_inside_writes_then_resume_is_bitwise(tmp_
     resuming each time (tests/_resume_job.py; the larger battery is in
     notes/reliability.md)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests._resume_job", str(tmp_path), "--kills", "3"]
-        + ["--write-kills", "--seed", "0"],
+        [sys.executable, "-m", "tests._resume_job", str(tmp_path), *JOB_ARGS],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
         capture_output=True,

@@ -72,8 +72,12 @@ def _describe(x: torch.Tensor) -> str:
 
 
 def _fingerprint(spec: Any, leaves: list) -> int:
-    text = repr(spec) + "|" + ";".join(
-        _describe(x) if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves
+    text = (
+        repr(spec)
+        + "|"
+        + ";".join(
+            _describe(x) if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves
+        )
     )
     return int.from_bytes(
         hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True
