@@ -333,12 +333,11 @@ class _Loop:
 def _one_step(step, dp, params, opt_state, batch, k):
     if dp is None:
         return step(params, opt_state, batch, k)
-    start = time.monotonic()
     try:
         return step(params, opt_state, batch, k)
     except CollectiveError as e:
         what = f"the {e.collective} of {e.where} (inside the step)"
-        raise dp.failure(what, e, time.monotonic() - start) from (e.__cause__ or e)
+        raise dp.failure(what, e) from (e.__cause__ or e)
 
 
 def _print_epoch(epoch: int, epochs: int, metrics: list[TensorDict], seconds: float) -> None:

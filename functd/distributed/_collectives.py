@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -202,6 +203,7 @@ def _issue(where: str, collective, buffers: list, *args, **kwargs) -> None:
         CollectiveError: the backend failed (a timeout, a dead peer); its error
             is the cause.
     """
+    started = time.monotonic()
     try:
         if len(buffers) == 1:
             collective(*buffers[0], *args, **kwargs)
@@ -210,7 +212,7 @@ def _issue(where: str, collective, buffers: list, *args, **kwargs) -> None:
         for w in works:
             w.wait()
     except RuntimeError as e:
-        raise failed(where, collective.__name__.removesuffix("_single"), e) from e
+        raise failed(where, collective.__name__.removesuffix("_single"), e, started) from e
 
 
 # ------------------------------------------------------------------ all_reduce

@@ -22,6 +22,7 @@ by ``torch.func``, and for anything that is not a TensorDict of tensors.
 
 from __future__ import annotations
 
+import time
 import weakref
 from typing import Any
 
@@ -41,6 +42,7 @@ _MAX_ENTRIES = 64  # layouts kept per group (cleared when full)
 _entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> {key: _Entry}
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_compiling = torch.compiler.is_compiling
+_monotonic = time.monotonic
 _flatten = torch._C._nn.flatten_dense_tensors  # one C++ copy, as DDP's buckets
 _unflatten = torch._C._nn.unflatten_dense_tensors  # views of the flat buffer
 
@@ -88,10 +90,11 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
         if world > 1:
             if op == "mean":
                 flat.div_(world)
+            started = _monotonic()
             try:
                 dist.all_reduce(flat, _reduce_op(where, op), group=g)
             except RuntimeError as e:
-                raise failed(where, "all_reduce", e) from e
+                raise failed(where, "all_reduce", e, started) from e
         # the leaves as the layout: cheaper than meta tensors, only their shapes are read
         return _unflatten(flat, leaves)
     flats = [_pack(leaves, b) for b in buckets]

@@ -41,9 +41,9 @@ class CollectiveError(RuntimeError):
 
     The backend's own error (gloo, NCCL) is the ``__cause__``. Attributes:
     ``where`` (the functd call), ``collective`` (e.g. ``"all_reduce"``),
-    ``rank`` (this rank), ``step`` (``fd.fit``'s global step, else ``None``)
-    and ``missing`` (the ranks that did not answer, when ``fit`` could tell;
-    else ``None``).
+    ``rank`` (this rank), ``seconds`` (how long the collective ran before it
+    failed), ``step`` (``fd.fit``'s global step, else ``None``) and ``missing``
+    (the ranks that did not answer, when ``fit`` could tell; else ``None``).
 
     Example:
         >>> except fd.distributed.CollectiveError as e: print(e.missing)
@@ -56,6 +56,7 @@ class CollectiveError(RuntimeError):
         where: str,
         collective: str,
         rank: int | None = None,
+        seconds: float | None = None,
         step: int | None = None,
         missing: list[int] | None = None,
     ) -> None:
@@ -63,6 +64,7 @@ class CollectiveError(RuntimeError):
         self.where = where
         self.collective = collective
         self.rank = rank
+        self.seconds = seconds
         self.step = step
         self.missing = missing
 
@@ -74,17 +76,21 @@ def _rank() -> int | None:
         return None
 
 
-def failed(where: str, collective: str, cause: BaseException) -> CollectiveError:
-    """The error a functd collective raises when the backend's ``collective`` fails."""
+def failed(where: str, collective: str, cause: BaseException, started: float) -> CollectiveError:
+    """The error a functd collective raises when the backend's ``collective``,
+    called at ``time.monotonic() == started``, fails."""
     rank = _rank()
+    seconds = time.monotonic() - started
     return CollectiveError(
-        f"{where}: the {collective} failed on rank {rank}: {type(cause).__name__}: {cause} "
+        f"{where}: the {collective} failed on rank {rank} after {seconds:.1f} s: "
+        f"{type(cause).__name__}: {cause} "
         "A rank did not take part in time (it is stalled, slower than the process group's "
         "timeout, or dead) or called another collective. Under fd.fit(data_parallel=True) "
         "the error names the step and the rank; the backend's error is the cause.",
         where=where,
         collective=collective,
         rank=rank,
+        seconds=seconds,
     )
 
 

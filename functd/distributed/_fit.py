@@ -123,6 +123,11 @@ def _seconds(where: str, timeout: Any) -> float | None:
     return float(timeout)
 
 
+def _layout_print(tree: Any) -> int:
+    leaves, spec = fdtree.flatten(tree)
+    return _fingerprint(spec, leaves)
+
+
 class DataParallel:
     """The per-rank state of one data-parallel ``fit``; a context manager that
     sets the process group's timeout for the run and restores it after."""
@@ -140,6 +145,7 @@ class DataParallel:
                 "fd.train_step(loss_fn, fd.optim.chain(fd.distributed.pmean(), opt))."
             )
         self.timeout = _seconds(where, timeout)
+        self.limit = self.timeout  # the timeout in force (seconds; None: unknown)
         self._old_timeout = None
         _calls += 1
         self.board = Board(f"functd/fit/{_calls}", self.world, self.rank)
@@ -150,16 +156,19 @@ class DataParallel:
         return self.rank == 0
 
     def __enter__(self) -> DataParallel:
-        if self.timeout is not None and self.world > 1:
+        if self.world > 1:
             self._old_timeout = get_timeout(self.group)
-            set_timeout(self.group, datetime.timedelta(seconds=self.timeout))
+            if self.timeout is not None:
+                set_timeout(self.group, datetime.timedelta(seconds=self.timeout))
+            elif self._old_timeout is not None:
+                self.limit = self._old_timeout.total_seconds()
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
         if exc is not None and not isinstance(exc, CollectiveError) and self.world > 1:
             # the others' diagnosis reads it when they wait for this rank in vain
-            self.board.post("down", f"{self.i}|raised {kind.__name__}: {str(exc)[:300]}")
-        if self._old_timeout is not None:
+            self.board.post("down", f"{self.i}|0|raised {kind.__name__}: {str(exc)[:300]}")
+        if self._old_timeout is not None and self.timeout is not None:
             set_timeout(self.group, self._old_timeout)
 
     # ------------------------------------------------------------------ start
@@ -167,10 +176,10 @@ class DataParallel:
         """One agreement (checkpoint folder, resume point, layout of the params and
         state), then rank 0's params and state on every rank (DTensor leaves are
         already placed on their mesh and are kept)."""
-        tree = {"params": params, "opt_state": opt_state}
-        leaves, spec = fdtree.flatten(tree)
+        parts = {"params": params, "opt_state": opt_state}
+        prints = [_layout_print({k: v}) for k, v in parts.items()]
         at = (-1, -1) if resumed is None else resumed
-        mine = [int(problem is not None), *at, _fingerprint(spec, leaves)]
+        mine = [int(problem is not None), *at, *prints]
         rows = self._gather("the start-up agreement of the ranks", mine)
         if any(r[0] for r in rows):
             problems = self._guarded(
@@ -189,18 +198,12 @@ class DataParallel:
                 + ". Every rank reads the checkpoint: its folder must be shared (the same "
                 "files on every rank)."
             )
-        if any(r[3] != rows[0][3] for r in rows):
-            detail = mismatch_detail(
-                self.where, self.group, self.world, describe(tree, leaves), [r[3] for r in rows]
-            )
-            raise ValueError(
-                f"{self.where}: the ranks passed different params or optimizer states: "
-                f"{detail}. Every rank must start from the same layout (keys, shapes and "
-                "dtypes; fit then copies rank 0's values to every rank): build the model and "
-                "the optimizer state the same way on every rank."
-            )
+        for j, (name, part) in enumerate(parts.items(), 3):
+            if any(r[j] != rows[0][j] for r in rows):
+                self._different_start({name: part}, [r[j] for r in rows])
+        leaves, spec = fdtree.flatten(parts)
         plain = [i for i, x in enumerate(leaves) if not _is_dtensor(x)]
-        paths = [".".join(map(str, p)) for p in fdtree.paths(tree)]
+        paths = [".".join(map(str, p)) for p in fdtree.paths(parts)]
         sent = {paths[i]: leaves[i] for i in plain}  # keyed by path: errors name the key
         got = self._guarded(
             "the broadcast of the params from rank 0", broadcast, sent, 0, self.group
@@ -209,6 +212,16 @@ class DataParallel:
             leaves[i] = got[paths[i]]
         out = fdtree.unflatten(spec, leaves)
         return out["params"], out["opt_state"]
+
+    def _different_start(self, tree: dict, prints: list[int]) -> None:
+        leaves = fdtree.leaves(tree)
+        detail = mismatch_detail(self.where, self.group, self.world, describe(tree, leaves), prints)
+        raise ValueError(
+            f"{self.where}: the ranks passed different params or optimizer states: "
+            f"{detail}. Every rank must start from the same layout (keys, shapes and "
+            "dtypes; fit then copies rank 0's values to every rank): build the model and "
+            "the optimizer state the same way on every rank."
+        )
 
     # ------------------------------------------------------------------ epochs
     def batches(self, source: Any, epoch: int) -> Iterator[Any]:
@@ -219,10 +232,7 @@ class DataParallel:
         it = iter(source)
         first = next(it, _END)
         known = n if n is not None else (0 if first is _END else -1)
-        fp = 0
-        if first is not _END:
-            leaves, spec = fdtree.flatten(first)
-            fp = _fingerprint(spec, leaves)
+        fp = 0 if first is _END else _layout_print(first)
         rows = self._gather(f"the agreement on the batches before epoch {epoch}", [known, fp])
         counts = [r[0] for r in rows]
         if len({c for c in counts if c != -1}) > 1 or (0 in counts and -1 in counts):
@@ -332,46 +342,47 @@ class DataParallel:
         kw = {}
         if dist.get_backend(self.group) == "nccl":
             kw["device_ids"] = [torch.cuda.current_device()]
+        started = time.monotonic()
         try:
             dist.barrier(self.group, **kw)
         except RuntimeError as e:
-            raise failed(self.where, "barrier", e) from e
+            raise failed(self.where, "barrier", e, started) from e
 
     # ------------------------------------------------------------------ failures
     def _gather(self, what: str, values: list[int]) -> list[list[int]]:
         return self._guarded(what, gather_ints, self.where, self.group, self.world, values)
 
     def _guarded(self, what: str, fn: Any, *args: Any) -> Any:
-        start = time.monotonic()
         try:
             return fn(*args)
         except CollectiveError as e:
-            raise self.failure(what, e, time.monotonic() - start) from (e.__cause__ or e)
+            raise self.failure(what, e) from (e.__cause__ or e)
 
-    def failure(self, what: str, e: CollectiveError, seconds: float) -> CollectiveError:
+    def failure(self, what: str, e: CollectiveError) -> CollectiveError:
         """The error of a failed collective, naming the step and the ranks that did
-        not answer (from the store's notes; waits up to GRACE_S for them)."""
-        earlier = self.board.read("down") or {}
-        self.board.post("down", f"{self.i}|{what}")
+        not answer, from the notes the failing ranks leave in the store (this rank
+        waits up to GRACE_S for the others' notes)."""
+        seconds = e.seconds or 0.0
+        self.board.post("down", f"{self.i}|{seconds:.2f}|{what}")
         notes = self.board.wait("down", GRACE_S)
-        missing = None
-        if notes is not None:
-            missing = [r for r in range(self.world) if r != self.rank and r not in notes]
-        # late: the others had given up waiting for this rank before it arrived
-        late = not missing and any("|raised " not in n for n in earlier.values())
-        timed = self.timeout is not None and seconds >= 0.9 * self.timeout
-        head = (
-            f"{self.where}: on rank {self.rank}, {what} at step {self.i} (epoch {self.epoch}) "
-            + (
-                f"did not complete within the timeout of {self.timeout:g} s"
-                if timed
-                else f"failed after {seconds:.1f} s"
-            )
-        )
+        kinds = {r: self._kind(n) for r, n in (notes or {}).items()}
+        quiet = [r for r in range(self.world) if r != self.rank and r not in kinds]
+        late, missing = False, None
+        if notes is not None and self._timed_out(seconds):
+            # ranks that failed fast came after this rank had given up
+            missing = sorted(quiet + [r for r, k in kinds.items() if k[0] == "late"])
+        elif notes is not None:
+            late = any(k[0] == "gave up" for k in kinds.values())
+            missing = [] if late else quiet
+        head = f"{self.where}: on rank {self.rank}, {what} at step {self.i} (epoch {self.epoch}) "
+        if self._timed_out(seconds):
+            head += f"did not complete within the timeout of {self.limit:g} s"
+        else:
+            head += f"failed after {seconds:.1f} s"
         return CollectiveError(
-            f"{head}: {_who(notes, missing, late)}. Every rank stops with this "
-            "error. If a step can take longer, raise fd.fit(..., timeout=...). The backend's "
-            "error is the cause.",
+            f"{head}: {_who(kinds if notes is not None else None, missing, late)}. Every rank "
+            "stops with an error. If a step can take longer, raise fd.fit(..., timeout=...). "
+            "The backend's error is the cause.",
             where=self.where,
             collective=e.collective,
             rank=self.rank,
@@ -379,28 +390,51 @@ class DataParallel:
             missing=missing,
         )
 
+    def _timed_out(self, seconds: float) -> bool:
+        return self.limit is not None and seconds >= 0.9 * self.limit
 
-def _who(notes: dict | None, missing: list | None, late: bool) -> str:
-    if notes is None:
+    def _kind(self, note: str) -> tuple[str, str, str]:
+        """``(kind, step, what)`` of a rank's note: it "raised" an error, "gave up"
+        waiting (timed out) or failed fast because it came "late"."""
+        step, _, rest = note.partition("|")
+        seconds, _, what = rest.partition("|")
+        if what.startswith("raised "):
+            return "raised", step, what
+        try:
+            gave_up = self._timed_out(float(seconds))
+        except ValueError:  # not a note of this version
+            gave_up = False
+        return ("gave up" if gave_up else "late"), step, what
+
+
+def _who(kinds: dict | None, missing: list | None, late: bool) -> str:
+    if kinds is None:
         return (
             "which rank did not answer is unknown (the process group's store is "
             "unreachable: rank 0 may have exited)"
         )
-    said = []
-    for r, note in sorted(notes.items()):
-        step, _, doing = note.partition("|")
-        verb = "stopped: it" if doing.startswith("raised ") else "gave up in"
-        said.append(f"rank {r} {verb} {doing} at step {step}")
+    said = [
+        f"rank {r} stopped at step {step}: it {what}"
+        for r, (kind, step, what) in sorted(kinds.items())
+        if kind == "raised"
+    ]
     if late:
-        return "; ".join(said) + ": this rank came too late (was it stalled before this step?)"
+        gave_up = [
+            f"rank {r} gave up waiting in {what} at step {step}"
+            for r, (kind, step, what) in sorted(kinds.items())
+            if kind == "gave up"
+        ]
+        return "; ".join([*gave_up, *said]) + (
+            ": this rank came too late (was it stalled before this collective?)"
+        )
     if missing:
         plural = "s" if len(missing) > 1 else ""
-        text = (
-            f"rank{plural} {', '.join(map(str, missing))} did not answer (stalled, e.g. in "
-            "its data loading or a long step, or dead)"
+        said.insert(
+            0,
+            f"rank{plural} {', '.join(map(str, missing))} did not answer in time (stalled, "
+            "e.g. in its data loading or a long step, or dead)",
         )
-        return "; ".join([text, *said])
-    return "; ".join(said) + " (every rank reported the failure: a network fault?)"
+    return "; ".join(said) or "every rank reported the failure (a network fault?)"
 
 
 def _by_rank(problems: list) -> str:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import time
 import weakref
 from typing import Any
 
@@ -110,10 +111,11 @@ def check_structure(
     mine = torch.tensor([_fingerprint(spec, leaves)], dtype=torch.int64)
     mine = mine.to(_check_device(group, leaves))
     every = torch.empty(world, dtype=torch.int64, device=mine.device)
+    started = time.monotonic()
     try:
         dist.all_gather_single(every, mine, group=group)
     except RuntimeError as e:
-        raise failed(where, "all_gather", e) from e
+        raise failed(where, "all_gather", e, started) from e
     if bool((every == every[0]).all()):
         if seen is None or len(seen) >= _MAX_CACHED:
             seen = _verified[group] = set()
@@ -148,10 +150,11 @@ def mismatch_detail(where: str, group: Any, world: int, desc: list, prints: list
     ``prints`` differs: gathers every rank's ``desc`` (a collective: every rank
     calls it when the fingerprints differ)."""
     everyone: list = [None] * world
+    started = time.monotonic()
     try:
         dist.all_gather_object(everyone, desc, group=group)
     except RuntimeError as e:
-        raise failed(where, "all_gather_object", e) from e
+        raise failed(where, "all_gather_object", e, started) from e
     ref = everyone[0]
     other = next(r for r in range(world) if prints[r] != prints[0])
     theirs = everyone[other]
@@ -172,20 +175,22 @@ def gather_ints(where: str, group: Any, world: int, values: list[int]) -> list[l
     ``all_gather``; entry ``r`` is rank ``r``'s."""
     mine = torch.tensor(values, dtype=torch.int64).to(_check_device(group, []))
     every = torch.empty(world * len(values), dtype=torch.int64, device=mine.device)
+    started = time.monotonic()
     try:
         dist.all_gather_single(every, mine, group=group)
     except RuntimeError as e:
-        raise failed(where, "all_gather", e) from e
+        raise failed(where, "all_gather", e, started) from e
     return every.view(world, len(values)).tolist()
 
 
 def gather_objects(where: str, group: Any, world: int, obj: Any) -> list:
     """Every rank's ``obj`` (picklable; for error messages only)."""
     everyone: list = [None] * world
+    started = time.monotonic()
     try:
         dist.all_gather_object(everyone, obj, group=group)
     except RuntimeError as e:
-        raise failed(where, "all_gather_object", e) from e
+        raise failed(where, "all_gather_object", e, started) from e
     return everyone
 
 

@@ -1,0 +1,110 @@
+"""Faults of fd.fit(data_parallel=True) on 2 gloo processes (127.0.0.1): every rank
+stops with functd's error naming the cause, within the timeout + 5 s; and a
+crashed data-parallel run resumes bitwise.
+
+The job (tests/_dist_fit_worker.py) runs every check on both ranks; the tests
+read each rank's report.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests._dist_job import launch
+
+pytestmark = pytest.mark.distributed
+WORKER = Path(__file__).with_name("_dist_fit_worker.py")
+WORLD = 2
+TIMEOUT = 3.0  # the stalled-rank check's fd.fit(timeout=...)
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("distributed_fit")
+    return launch(WORKER, WORLD, out, str(TIMEOUT), timeout=240)
+
+
+def _ok(report, name):
+    for r, rep in enumerate(report):
+        res = rep[name]
+        assert res["ok"], f"rank {r}: {res['type']}: {res['message']}\n{res['traceback']}"
+    return [rep[name].get("value") for rep in report]
+
+
+def test_uneven_batch_counts_with_len_fail_on_every_rank_before_a_step(report):
+    for msg in _ok(report, "uneven_counts_with_len"):
+        assert "different numbers of batches in epoch 0: rank 0 has 7, rank 1 has 8" in msg
+        assert "DistributedSampler with drop_last=True" in msg
+
+
+def test_uneven_batch_counts_without_len_fail_on_every_rank(report):
+    for msg, steps in _ok(report, "uneven_counts_without_len"):
+        assert "epoch 0: rank 0 has 7, rank 1 has more than 7" in msg
+        assert steps == 7  # rank 1 stopped before its 8th step: no hang
+
+
+def test_uneven_batch_counts_when_one_rank_has_len(report):
+    for msg in _ok(report, "uneven_counts_one_rank_with_len"):
+        assert "epoch 0: rank 0 has 7, rank 1 has more than 7" in msg
+
+
+def test_uneven_batch_counts_in_a_later_epoch(report):
+    for msg in _ok(report, "uneven_counts_in_the_second_epoch"):
+        assert "epoch 1: rank 0 has 3, rank 1 has 4" in msg
+
+
+def test_even_batches_without_len_train_as_lists(report):
+    _ok(report, "even_generators_equal_lists")
+
+
+def test_different_batch_sizes_fail_at_the_first_step(report):
+    for msg, steps in _ok(report, "different_batch_sizes"):
+        assert "the ranks' batches differ at the first step of epoch 0" in msg
+        assert "at the key 'x', rank 0 has float64[8, 4] on cpu and rank 1 has " in msg
+        assert "float64[16, 4] on cpu" in msg and "the same batch size" in msg
+        assert steps == 0
+
+
+def test_mismatched_params_are_named_by_key_path(report):
+    for msg in _ok(report, "mismatched_params"):
+        assert "the ranks passed different params or optimizer states" in msg
+        assert (
+            "at the key 'params.0.bias', rank 0 has float64[16] on cpu and rank 1 has "
+            "float64[20] on cpu" in msg
+        )
+
+
+def test_mismatched_param_dtypes_are_named_with_the_right_dtypes(report):
+    for msg in _ok(report, "mismatched_param_dtypes"):
+        assert (
+            "at the key 'params.0.bias', rank 0 has float64[16] on cpu and rank 1 has "
+            "float32[16] on cpu" in msg
+        )
+
+
+def test_a_checkpoint_folder_missing_on_one_rank_fails_on_every_rank(report):
+    for msg in _ok(report, "missing_checkpoint_folder_on_one_rank"):
+        assert "fd.fit(data_parallel=True) could not start: rank 1: " in msg
+        assert "ckpt_rank1' does not exist" in msg and "rank 0" not in msg
+
+
+def test_data_parallel_resume_is_bitwise_the_uninterrupted_run(report):
+    for files in _ok(report, "resume_equals_uninterrupted"):
+        assert files == ["ckpt.pt", "ckpt.pt.1"]
+
+
+def test_a_stalled_rank_ends_every_rank_within_the_timeout_with_our_error(report):
+    stalled, waiting = _ok(report, "stalled_rank")[1], _ok(report, "stalled_rank")[0]
+    for res in (waiting, stalled):
+        assert res["collective"] == "all_reduce" and res["step"] == 2
+        assert "at step 2 (epoch 0)" in res["message"]
+        assert "the all_reduce of fd.distributed.pmean.update (inside the step)" in res["message"]
+        assert res["cause"].startswith("RuntimeError: ")  # gloo's own error, kept as the cause
+        assert res["waited"] < TIMEOUT + 5, res
+    assert f"did not complete within the timeout of {TIMEOUT:g} s" in waiting["message"]
+    assert "rank 1 did not answer in time (stalled" in waiting["message"]
+    assert waiting["missing"] == [1] and waiting["waited"] >= TIMEOUT * 0.9
+    assert "rank 0 gave up waiting in the all_reduce" in stalled["message"]
+    assert "this rank came too late" in stalled["message"] and stalled["missing"] == []
