@@ -33,6 +33,7 @@ from ._td import TensorDict, _new
 from ._td._shape import cat, stack
 from ._transforms._autodiff import loss_and_grad
 from .distributed._faults import CollectiveError
+from .distributed._fit import DataParallel, sized
 from .optim._base import GradientTransformation, apply_updates
 from .optim._errors import not_a_td
 
@@ -201,8 +202,6 @@ def fit(
         params, opt_state = state["params"], state["opt_state"]
     dp = None
     if data_parallel:
-        from .distributed._fit import DataParallel
-
         dp = DataParallel(where, step, timeout)
     loop = _Loop(step, key, epochs, batches, dp, ckpts, run, state)
     with dp if dp is not None else contextlib.nullcontext():
@@ -286,7 +285,7 @@ class _Loop:
     def epoch(self, epoch: int, params, opt_state):
         dp = self.dp
         source = self.batches(epoch) if callable(self.batches) else self.batches
-        total = len(source) if hasattr(source, "__len__") else None
+        total = sized(source)
         if dp is not None:
             source = dp.batches(source, epoch)
         bar = _progress_bar(total, f"epoch {epoch + 1}/{self.epochs}") if self.progress else None

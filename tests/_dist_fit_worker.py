@@ -123,6 +123,10 @@ def even_generators_equal_lists():
     gens = fit(step, params, state, lambda e: (batch(i, epoch=e) for i in range(4)), epochs=2)
     bitwise(gens, lists)
     assert lists[2].batch_size == torch.Size([8])
+    # fit set timeout=30 s on the group for its run and put the group's own back
+    from functd.distributed._group import get_timeout
+
+    assert get_timeout(dist.group.WORLD) == datetime.timedelta(seconds=60)
 
 
 # ------------------------------------------------------------------ layouts

@@ -17,6 +17,15 @@
   the end of the epoch; only rank 0 prints and shows a progress bar, and every
   rank returns the same history.
 - A checkpoint is written by rank 0 only, then all ranks wait for it.
+- The ranks agree before they act, so a fault is an error on every rank rather
+  than a hang: at the start (checkpoint folder, resume point, the layouts of
+  params and optimizer state, named by key path) and before each epoch (the
+  number of batches and the layout of the first one; without ``len()``, one
+  store round trip a step and an agreement at the end of the epoch).
+- ``timeout=`` is set on the process group for the run; a collective that
+  fails or times out raises :class:`~functd.distributed.CollectiveError`
+  naming the collective, the step and the ranks that did not answer (from
+  the notes the failing ranks leave in the store, see ``_faults``).
 
 Example:
     >>> local = fd.distributed.shard_batch(batch)   # this rank's rows
@@ -121,6 +130,15 @@ def _seconds(where: str, timeout: Any) -> float | None:
             f"to keep the process group's own), got {timeout!r}."
         )
     return float(timeout)
+
+
+def sized(source: Any) -> int | None:
+    """``len(source)``, or None when it has none (a generator; a DataLoader over
+    an IterableDataset raises TypeError)."""
+    try:
+        return len(source)
+    except TypeError:
+        return None
 
 
 def _layout_print(tree: Any) -> int:
@@ -228,7 +246,7 @@ class DataParallel:
         """This rank's batches of ``epoch``, after the ranks agreed on their number
         and the layout of the first one; uneven numbers raise on every rank."""
         self.epoch = epoch
-        n = len(source) if hasattr(source, "__len__") else None
+        n = sized(source)
         it = iter(source)
         first = next(it, _END)
         known = n if n is not None else (0 if first is _END else -1)
