@@ -119,6 +119,7 @@ class Checkpoints:
         self.where = where
         self.path = os.fspath(path)
         self.names = [self.path] + [f"{self.path}.{j}" for j in range(1, keep)]
+        self.loaded: str | None = None  # the file ``latest`` resumed from
 
     def problem(self) -> str | None:
         """Why checkpoints cannot be written here (None: they can)."""
@@ -178,6 +179,7 @@ class Checkpoints:
                     stacklevel=3,
                 )
                 continue
+            self.loaded = name
             return self._checked(name, state, run)
         return None
 

@@ -195,14 +195,12 @@ def fit(
     """
     where = "fd.fit(data_parallel=True)" if data_parallel else "fd.fit"
     _check_args(epochs, batches, checkpoint, resume)
+    dp = DataParallel(where, step, timeout) if data_parallel else None
     ckpts = None if checkpoint is None else Checkpoints(where, checkpoint, keep)
     run = None if ckpts is None else run_fingerprint(params, opt_state, epochs, key)
     problem, state = _restore(ckpts, run, resume, params, data_parallel)
     if state is not None:
         params, opt_state = state["params"], state["opt_state"]
-    dp = None
-    if data_parallel:
-        dp = DataParallel(where, step, timeout)
     loop = _Loop(step, key, epochs, batches, dp, ckpts, run, state)
     with dp if dp is not None else contextlib.nullcontext():
         if dp is not None:
@@ -273,7 +271,7 @@ class _Loop:
     def run(self, params, opt_state):
         if self.first and self.progress:
             print(
-                f"fd.fit: resumed from {self.ckpts.path} after epoch {self.first}/{self.epochs} "
+                f"fd.fit: resumed from {self.ckpts.loaded} after epoch {self.first}/{self.epochs} "
                 f"(step {self.i})",
                 file=sys.stdout,
                 flush=True,

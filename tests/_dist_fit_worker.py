@@ -195,8 +195,9 @@ def resume_equals_uninterrupted():
 
 # ------------------------------------------------------------------ a stalled rank
 def stalled_rank():
-    """Rank 1 sleeps TIMEOUT + 1 s in the loss of step 2; rank 0 waits in pmean."""
-    step, params, state = setup(stall=(2, TIMEOUT + 1) if RANK == 1 else None)
+    """Rank 1 sleeps TIMEOUT + 3 s in the loss of step 2 (past rank 0's timeout and
+    its 2 s wait for the others' notes); rank 0 waits in pmean."""
+    step, params, state = setup(stall=(2, TIMEOUT + 3) if RANK == 1 else None)
     batches = [batch(i) for i in range(5)]
     start = time.monotonic()
     try:

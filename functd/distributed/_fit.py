@@ -45,6 +45,7 @@ from torch import Tensor
 from .._td._tree import tree as fdtree
 from ..optim._base import _Chain
 from ._collectives import _is_dtensor, all_reduce, broadcast
+from ._fast import rider
 from ._faults import GRACE_S, Board, CollectiveError, failed
 from ._group import (
     _fingerprint,
@@ -276,26 +277,37 @@ class DataParallel:
             )
 
     def _watched(self, it: Iterator, first: Any, n: int | None, epoch: int) -> Iterator[Any]:
-        """Some rank's batches have no len(): each rank posts its total to the store
-        as soon as it knows it (one batch ahead) and, before each step, stops if a
-        rank has no batch for it. One store round trip a step."""
+        """Some rank's batches have no len(). Each rank reads one batch ahead, so
+        before each step it knows whether it has a next batch: that flag rides
+        in the step's gradient all-reduce (``_fast.rider``), and after the step
+        every rank knows whether every rank has a next batch. When a step did
+        not carry it (no one-buffer pmean/psum in it), the ranks ask the store
+        instead, where each rank posts its total as soon as it knows it."""
         total = f"total/{epoch}"
         if n is not None:
             self._post_total(total, n)
-        count, cur, seen, limit = 0, first, 0, None
-        while cur is not _END:
-            if count:
-                posted = self.board.add(total, 0) or 0
-                if posted != seen:
-                    seen, notes = posted, self.board.read(total)
-                    limit = min(int(v) for v in notes.values()) if notes else limit
-                if limit is not None and count >= limit:
-                    break
-            nxt = next(it, _END)
-            if nxt is _END and n is None:
-                self._post_total(total, count + 1)  # before the last step's collective
-            yield cur
-            count, cur = count + 1, nxt
+        count, cur, seen, limit, known = 0, first, 0, None, False
+        try:
+            while cur is not _END:
+                if count and not known:  # the last step carried no flag: ask the store
+                    posted = self.board.add(total, 0) or 0
+                    if posted != seen:
+                        seen, notes = posted, self.board.read(total)
+                        limit = min(int(v) for v in notes.values()) if notes else limit
+                    if limit is not None and count >= limit:
+                        break
+                nxt = next(it, _END)
+                if nxt is _END and n is None:
+                    self._post_total(total, count + 1)  # before the last step's collective
+                rider.arm(float(nxt is not _END))
+                yield cur
+                count, cur = count + 1, nxt
+                having = rider.take()  # ranks with a next batch (None: not carried)
+                known = having is not None
+                if known and having < self.world:
+                    break  # a rank has no batch for the next step: stop together
+        finally:
+            rider.take()
         what = f"the agreement on the batch counts at the end of epoch {epoch}"
         rows = self._gather(what, [count, int(cur is _END)])
         if any(r != rows[0] for r in rows) or not rows[0][1]:
