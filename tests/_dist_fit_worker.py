@@ -215,10 +215,12 @@ def stalled_rank():
             "waited": end - step.calls[-1],
             "total": end - start,
         }
-    # keep the store (served by rank 0's process) up until both ranks are done
+    # rank 0's process serves the store: it stays until rank 1 is done with it
     store = dist.distributed_c10d._get_default_store()
-    store.set(f"stall_done/{RANK}", "1")
-    store.wait([f"stall_done/{1 - RANK}"], datetime.timedelta(seconds=60))
+    if RANK == 1:
+        store.set("stall_done", "1")
+    else:
+        store.wait(["stall_done"], datetime.timedelta(seconds=60))
     return out
 
 

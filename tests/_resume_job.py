@@ -23,11 +23,13 @@ It prints (and writes to ``OUT_DIR/summary.json``) the figures.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
 import select
 import signal
+import statistics
 import sys
 import time
 
@@ -149,14 +151,16 @@ def _killed_attempt(folder: str, rng: random.Random, epoch_s: float) -> bool:
             _wait(pid, pipe)
             return False
         marks += got
-    target = rng.randint(marks[0], EPOCHS - 1)
+    # an epoch that is not the last one, then a moment within it (its steps or its
+    # checkpoint write at the end, or the start of the next): the run never ends first
+    target = rng.randint(marks[0], max(marks[0], EPOCHS - 2))
     while marks[-1] < target:
         got = _read_epochs(pipe)
         if got is None:
             _wait(pid, pipe)
             return False
         marks += got
-    time.sleep(rng.uniform(0, 1.3 * epoch_s))
+    time.sleep(rng.uniform(0, epoch_s))
     os.kill(pid, signal.SIGKILL)
     status = _wait(pid, pipe)
     return os.WIFSIGNALED(status)
@@ -180,11 +184,13 @@ def _loads(path: str) -> bool:
     return os.waitpid(pid, 0)[1] == 0
 
 
-def _finish(folder: str, result: str, die=None) -> bool:
-    """Run an attempt to its end (or to its planned death: True when it died)."""
+def _finish(folder: str, result: str, die=None, times: list | None = None) -> bool:
+    """Run an attempt to its end (or to its planned death: True when it died);
+    ``times`` gets the moments the epochs started."""
     pid, pipe = _start(folder, result, die)
-    while _read_epochs(pipe) is not None:
-        pass
+    while (got := _read_epochs(pipe)) is not None:
+        if times is not None:
+            times += [time.perf_counter()] * len(got)
     status = _wait(pid, pipe)
     if os.WIFSIGNALED(status) and die is not None:
         return True
@@ -205,8 +211,10 @@ def battery(out: str, trials: int, kills: int, write_kills: bool, seed: int) -> 
     ref = os.path.join(out, "reference.pt")
     start = time.perf_counter()
     os.makedirs(os.path.join(out, "ref"))
-    _finish(os.path.join(out, "ref"), ref)
-    epoch_s = (time.perf_counter() - start) / EPOCHS
+    times: list[float] = []
+    _finish(os.path.join(out, "ref"), ref, times=times)
+    # an epoch with its checkpoint write (marks read together share a time: skipped)
+    epoch_s = statistics.median(b - a for a, b in itertools.pairwise(times) if b > a)
     stats = {"trials": 0, "kills": 0, "newest_lost": 0, "tmp_left": 0, "equal": 0}
     plans = [("random", None)] * trials
     if write_kills:
@@ -232,6 +240,7 @@ def battery(out: str, trials: int, kills: int, write_kills: bool, seed: int) -> 
         stats["equal"] += _equal(result, ref)
         stats["files_left"] = sorted(os.listdir(folder))
     stats["seconds"] = round(time.perf_counter() - start, 1)
+    stats["epoch_ms"] = round(epoch_s * 1e3, 1)
     return stats
 
 

@@ -245,5 +245,5 @@ def test_sigkill_at_random_moments_and_inside_writes_then_resume_is_bitwise(tmp_
     assert proc.returncode == 0, proc.stderr[-3000:]
     stats = json.loads((tmp_path / "summary.json").read_text())
     assert stats["trials"] == 7 and stats["equal"] == 7, stats  # every resumed run bitwise
-    assert stats["kills"] >= 7 and stats["newest_lost"] == 0, stats
+    assert stats["kills"] >= 8 and stats["newest_lost"] == 0, stats  # 6 in writes, 2+ random
     assert stats["files_left"] == ["ckpt.pt", "ckpt.pt.1", "result.pt"], stats
