@@ -11,7 +11,9 @@ the same (the broadcast of the params at the start, the same steps, keys,
 sharding and end-of-epoch metrics all-reduce, without the agreements), in
 interleaved rounds; a round's time is the slower rank's; "ms" is per epoch;
 the ratio is the median of the rounds' paired ratios. Then the pieces
-alone: the agreement's ``all_gather`` and the store's ``add``, per call.
+alone: the agreement's ``all_gather`` and the store's ``add``, per call, and
+an epoch of steps with a store ``add`` before each against the steps alone
+(what a no-len epoch would pay without the flag riding in ``pmean``'s buffer).
 
 Run: ``python benchmarks/fit_agreement.py`` (starts its 2 processes itself, on
 127.0.0.1). ``BENCH_ROUNDS`` changes the rounds.
@@ -149,6 +151,21 @@ def worker(rank: int, port: int, queue) -> None:
             fn()
             times.append(slowest(time.perf_counter() - t0) / per)
         rows.append([name, "", round(statistics.median(times) * 1e3, 3), "", ""])
+    # a store round trip between steps (what a step of a no-len epoch pays when its
+    # flag cannot ride in pmean's buffer) against the steps alone
+    b0 = fd.distributed.shard_batch(batches[0])
+
+    def steps():
+        for _ in range(EPOCH_STEPS):
+            step(params, state, b0, key)
+
+    def steps_and_adds():
+        for _ in range(EPOCH_STEPS):
+            board.add("y", 0)
+            step(params, state, b0, key)
+
+    ours, theirs, ratio = compare(steps_and_adds, steps)
+    rows.append(["epoch with a store add a step", "epoch", ours * EPOCHS, theirs * EPOCHS, ratio])
     if rank == 0:
         queue.put(rows)
     dist.barrier()
