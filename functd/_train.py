@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import datetime
 import importlib.util
 import os
 import sys
@@ -26,9 +28,12 @@ import torch
 from torch import Tensor
 
 from . import random as fr
+from ._checkpoint import Checkpoints, run_fingerprint
 from ._td import TensorDict, _new
-from ._td._shape import stack
+from ._td._shape import cat, stack
 from ._transforms._autodiff import loss_and_grad
+from .distributed._faults import CollectiveError
+from .distributed._fit import DataParallel, sized
 from .optim._base import GradientTransformation, apply_updates
 from .optim._errors import not_a_td
 
@@ -120,6 +125,9 @@ def fit(
     print_every: int = 1,
     data_parallel: bool = False,
     checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+    keep: int = 2,
+    timeout: float | datetime.timedelta | None = 300.0,
 ) -> tuple[TensorDict, TensorDict, TensorDict]:
     """Run ``step`` over ``batches`` for ``epochs`` epochs; return the history too.
 
@@ -135,18 +143,36 @@ def fit(
         progress: show a progress bar (tqdm when installed) or, without tqdm,
             print one line per ``print_every`` epochs with the mean metrics.
         data_parallel: train on the ranks of the default torch.distributed
-            process group (launched by ``torchrun``): the params and state are
+            process group (launched by ``torchrun``): the ranks agree at the start
+            (checkpoint folder, resume point, layout of params and state: a
+            mismatch names the key path on every rank), the params and state are
             broadcast from rank 0, each rank steps on its rows of every batch
-            (``fd.distributed.shard_batch``: the first dim split into equal
-            parts), its key is ``fold_in(fold_in(key, i), rank)``, the step's
-            optimizer reduces the grads (``fd.distributed.pmean()`` first in
-            the chain: checked for ``fd.train_step`` steps), the metrics are
+            (``fd.distributed.shard_batch``), its key is
+            ``fold_in(fold_in(key, i), rank)``, the step's optimizer reduces the
+            grads (``fd.distributed.pmean()`` first in the chain: checked for
+            ``fd.train_step`` steps), the ranks agree on the number of batches
+            and the layout of the first before each epoch, the metrics are
             averaged over the ranks at the end of each epoch and only rank 0
-            prints. Off by default, also under torchrun (ranks may train
-            different ensemble members, see notes/distributed.md).
-        checkpoint: a path; after every epoch ``{"params", "opt_state",
-            "epoch"}`` is written there with ``fd.save`` (by rank 0 only when
-            data-parallel); ``fd.load(path, map_location=...)`` reads it anywhere.
+            prints. Off by default, also under torchrun (see notes/distributed.md).
+        checkpoint: a path; at the end of every epoch the run's state (params,
+            opt_state, epochs done, step counter, history, and the run's
+            fingerprint) is written there with ``fd.save`` (by rank 0 only when
+            data-parallel), the older ones rotating to ``path.1``, ...; the
+            folder must exist and be writable (checked before the first step).
+            ``fd.load(path)["params"]`` reads it anywhere.
+        resume: continue from the newest checkpoint that loads (``path``, else
+            ``path.1``...): the result is bitwise the uninterrupted run's. No
+            checkpoint yet: a fresh start. A checkpoint of another run (other
+            param/state layout, ``epochs`` or ``key``) is refused. Needs
+            ``checkpoint``.
+        keep: how many checkpoint files to keep (``path`` the newest, then
+            ``path.1`` ... ``path.{keep-1}``); a crash during a write leaves the
+            previous ones intact.
+        timeout: data-parallel only: seconds (or a timedelta) any collective may
+            wait for the other ranks, set on the process group for the run (and
+            restored after); a collective that times out raises a
+            ``fd.distributed.CollectiveError`` naming the collective, the step
+            and the ranks that did not answer. ``None`` keeps the group's own.
 
     Returns:
         ``(params, opt_state, history)``: ``history`` is a TensorDict of batch
@@ -154,14 +180,41 @@ def fit(
 
     Raises:
         ValueError: ``epochs < 1``; an iterator (exhausted after one pass) with
-            ``epochs > 1``; no batches at all; data-parallel: a batch size the
-            world size does not divide, an optimizer without ``pmean``/``psum``.
-        RuntimeError: ``data_parallel=True`` without a process group.
+            ``epochs > 1``; no batches at all; a missing or read-only checkpoint
+            folder; a checkpoint of another run with ``resume=True``;
+            data-parallel: a batch size the world size does not divide, an
+            optimizer without ``pmean``/``psum``, ranks with different numbers of
+            batches, batch layouts or param layouts (on every rank).
+        RuntimeError: ``data_parallel=True`` without a process group;
+            ``fd.distributed.CollectiveError`` when a collective fails or times out.
 
     Example:
-        >>> params, opt_state, hist = fd.fit(step, params, opt_state, batches, epochs=10)
+        >>> params, opt_state, hist = fd.fit(step, params, opt_state, batches, key, epochs=10,
+        ...                                  checkpoint="ckpt.pt", resume=True)
         >>> hist["loss"][-1]
     """
+    where = "fd.fit(data_parallel=True)" if data_parallel else "fd.fit"
+    _check_args(epochs, batches, checkpoint, resume)
+    dp = DataParallel(where, step, timeout) if data_parallel else None
+    ckpts = None if checkpoint is None else Checkpoints(where, checkpoint, keep)
+    run = None if ckpts is None else run_fingerprint(params, opt_state, epochs, key)
+    problem, state = _restore(ckpts, run, resume, params, data_parallel)
+    if state is not None:
+        params, opt_state = state["params"], state["opt_state"]
+    loop = _Loop(step, key, epochs, batches, dp, ckpts, run, state)
+    with dp if dp is not None else contextlib.nullcontext():
+        if dp is not None:
+            at = None if state is None else (int(state["epoch"]), int(state["step"]))
+            params, opt_state = dp.start(params, opt_state, problem, at)
+        loop.progress = progress and (dp is None or dp.main)
+        loop.print_every = print_every
+        params, opt_state = loop.run(params, opt_state)
+    if not loop.chunks:
+        raise ValueError("fd.fit: batches gave no batch; nothing was trained.")
+    return params, opt_state, loop.history()
+
+
+def _check_args(epochs: Any, batches: Any, checkpoint: Any, resume: Any) -> None:
     if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs < 1:
         raise ValueError(f"fd.fit(epochs={epochs!r}): epochs must be an int >= 1.")
     if not callable(batches) and iter(batches) is batches and epochs > 1:
@@ -169,51 +222,119 @@ def fit(
             "fd.fit: batches is an iterator, which is exhausted after one epoch; pass a list "
             "or another re-iterable (a DataLoader), or a function epoch -> iterable."
         )
-    dp = None
-    if data_parallel:
-        from .distributed._fit import DataParallel
+    if not isinstance(resume, bool):
+        raise TypeError(f"fd.fit(resume={resume!r}): resume must be True or False.")
+    if resume and checkpoint is None:
+        raise ValueError(
+            "fd.fit(resume=True): resume needs the checkpoint path to resume from: "
+            "fd.fit(..., checkpoint='ckpt.pt', resume=True)."
+        )
 
-        dp = DataParallel("fd.fit(data_parallel=True)", step)
-        params, opt_state = dp.start(params, opt_state)
-        progress = progress and dp.main
-    history: list[TensorDict] = []
-    i = 0
-    for epoch in range(epochs):
-        source = batches(epoch) if callable(batches) else batches
-        total = len(source) if hasattr(source, "__len__") else None
-        bar = _progress_bar(total, f"epoch {epoch + 1}/{epochs}") if progress else None
-        start, n0 = time.perf_counter(), len(history)
+
+def _restore(ckpts, run, resume: bool, params: Any, data_parallel: bool):
+    """``(problem, state)``: why this rank cannot checkpoint (None: it can) and the
+    checkpoint to resume from (None: a fresh start). In one process a problem
+    raises at once; data-parallel ranks report theirs in the start-up agreement,
+    so that every rank raises."""
+    if ckpts is None:
+        return None, None
+    try:
+        problem = ckpts.problem()
+        if problem is not None:
+            raise ValueError(f"fd.fit(checkpoint={ckpts.path!r}): {problem}.")
+        if not resume:
+            return None, None
+        device = params.device if isinstance(params, TensorDict) else None
+        return None, ckpts.latest(run, map_location=device)
+    except ValueError as e:
+        if not data_parallel:
+            raise
+        return str(e), None
+
+
+class _Loop:
+    """The epochs of one ``fit`` call, from where a checkpoint left off."""
+
+    def __init__(self, step, key, epochs, batches, dp, ckpts, run, state) -> None:
+        self.step, self.key, self.epochs, self.batches = step, key, epochs, batches
+        self.dp, self.ckpts, self.run_id = dp, ckpts, run
+        self.first = 0 if state is None else int(state["epoch"])
+        self.i = 0 if state is None else int(state["step"])
+        self.chunks = [] if state is None or state["history"] is None else [state["history"]]
+        self.progress, self.print_every = True, 1
+
+    def history(self) -> TensorDict:
+        if len(self.chunks) > 1:
+            self.chunks = [cat(self.chunks)]
+        return self.chunks[0]
+
+    def run(self, params, opt_state):
+        if self.first and self.progress:
+            print(
+                f"fd.fit: resumed from {self.ckpts.loaded} after epoch {self.first}/{self.epochs} "
+                f"(step {self.i})",
+                file=sys.stdout,
+                flush=True,
+            )
+        for epoch in range(self.first, self.epochs):
+            params, opt_state = self.epoch(epoch, params, opt_state)
+        return params, opt_state
+
+    def epoch(self, epoch: int, params, opt_state):
+        dp = self.dp
+        source = self.batches(epoch) if callable(self.batches) else self.batches
+        total = sized(source)
+        if dp is not None:
+            source = dp.batches(source, epoch)
+        bar = _progress_bar(total, f"epoch {epoch + 1}/{self.epochs}") if self.progress else None
+        start, metrics = time.perf_counter(), []
         for batch in source:
-            k = None if key is None else fr.fold_in(key, i)
+            k = None if self.key is None else fr.fold_in(self.key, self.i)
             if dp is not None:
+                dp.i = self.i
                 batch, k = dp.batch(batch), dp.key(k)
-            params, opt_state, metrics = step(params, opt_state, batch, k)
-            history.append(metrics)
-            i += 1
+            params, opt_state, m = _one_step(self.step, dp, params, opt_state, batch, k)
+            metrics.append(m)
+            self.i += 1
             if bar is not None:
                 bar.update(1)
-                if i % 10 == 0:
-                    bar.set_postfix(loss=f"{float(metrics['loss'].mean()):.4g}")
-        if dp is not None:
-            history[n0:] = dp.reduce(history[n0:])
-        if checkpoint is not None:
-            _checkpoint(checkpoint, params, opt_state, epoch, dp)
+                if self.i % 10 == 0:
+                    bar.set_postfix(loss=f"{float(m['loss'].mean()):.4g}")
+        if metrics:
+            hist = stack(metrics)
+            self.chunks.append(hist if dp is None else dp.reduce(hist))
+        if self.ckpts is not None:
+            self.save(epoch, params, opt_state)
         if bar is not None:
             bar.close()
-        elif progress and ((epoch + 1) % print_every == 0 or epoch + 1 == epochs):
-            _print_epoch(epoch, epochs, history[n0:], time.perf_counter() - start)
-    if not history:
-        raise ValueError("fd.fit: batches gave no batch; nothing was trained.")
-    return params, opt_state, stack(history)
+        elif self.progress and ((epoch + 1) % self.print_every == 0 or epoch + 1 == self.epochs):
+            _print_epoch(epoch, self.epochs, metrics, time.perf_counter() - start)
+        return params, opt_state
+
+    def save(self, epoch: int, params, opt_state) -> None:
+        dp = self.dp
+        if dp is None or dp.main:
+            state = {
+                "params": params,
+                "opt_state": opt_state,
+                "epoch": torch.tensor(epoch + 1),
+                "step": torch.tensor(self.i),
+                "history": self.history() if self.chunks else None,
+                "run": self.run_id,
+            }
+            self.ckpts.write(state)
+        if dp is not None:
+            dp.barrier()  # the file exists for every rank when fit goes on
 
 
-def _checkpoint(path, params, opt_state, epoch: int, dp) -> None:
-    if dp is None or dp.main:
-        from ._td._io import save
-
-        save({"params": params, "opt_state": opt_state, "epoch": torch.tensor(epoch + 1)}, path)
-    if dp is not None:
-        dp.barrier()  # the file exists for every rank when fit goes on
+def _one_step(step, dp, params, opt_state, batch, k):
+    if dp is None:
+        return step(params, opt_state, batch, k)
+    try:
+        return step(params, opt_state, batch, k)
+    except CollectiveError as e:
+        what = f"the {e.collective} of {e.where} (inside the step)"
+        raise dp.failure(what, e) from (e.__cause__ or e)
 
 
 def _print_epoch(epoch: int, epochs: int, metrics: list[TensorDict], seconds: float) -> None:

@@ -54,14 +54,15 @@ def launch(worker: str | os.PathLike, world: int, out: Path, *extra: str, timeou
     return [json.loads((Path(out) / f"rank{r}.json").read_text()) for r in range(world)]
 
 
-def run_checks(checks: list[Callable], rank: int, out: str) -> None:
-    """Run ``checks`` (a barrier after each, so the ranks stay paired), write
-    ``{name: {"ok", "value" | "type", "message", "traceback", "seconds"}}`` to
-    ``out/rank{rank}.json``, destroy the process group and exit."""
+def run_checks(checks: list[Callable], rank: int, out: str, final: Callable | None = None) -> None:
+    """Run ``checks`` (a barrier after each, so the ranks stay paired), then
+    ``final`` (a check that may leave the process group broken: no barrier after
+    it), write ``{name: {"ok", "value" | "type", "message", "traceback",
+    "seconds"}}`` to ``out/rank{rank}.json``, destroy the process group and exit."""
     import torch.distributed as dist
 
     results = {}
-    for fn in checks:
+    for fn in [*checks, *([final] if final is not None else [])]:
         start = time.perf_counter()
         try:
             results[fn.__name__] = {"ok": True, "value": fn()}
@@ -73,10 +74,12 @@ def run_checks(checks: list[Callable], rank: int, out: str) -> None:
                 "traceback": traceback.format_exc(),
             }
         results[fn.__name__]["seconds"] = round(time.perf_counter() - start, 2)
-        dist.barrier()
+        if fn is not final:
+            dist.barrier()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
         json.dump(results, f)
-    dist.destroy_process_group()
+    if final is None:
+        dist.destroy_process_group()
     # Skip the interpreter's teardown: freeing DDP/gloo objects after the group is
     # destroyed hung now and then (seen in benchmarks/data_parallel.py).
     sys.stdout.flush()

@@ -55,6 +55,7 @@ def room(mod: str) -> str:
         "_modules": "modules",
         "distributed": "distributed",
         "_train": "top",
+        "_checkpoint": "top",
         "testing": "top",
     }[sub]
 

@@ -29,12 +29,14 @@ from ._data_parallel import resolve_partial as resolve_partial
 from ._ensemble import gather_members as gather_members
 from ._ensemble import member_slice as member_slice
 from ._ensemble import shard_members as shard_members
+from ._faults import CollectiveError as CollectiveError
 from ._fit import shard_batch as shard_batch
 from ._sharding import gather as gather
 from ._sharding import replicate as replicate
 from ._sharding import shard as shard
 
 __all__: list[str] = [
+    "CollectiveError",
     "all_gather",
     "all_reduce",
     "axis",

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ from torch import Tensor
 from .._td import TensorDict
 from .._td._tree import tree as fdtree
 from .._td._tree import unflatten_like
+from ._faults import failed
 from ._group import check_structure, resolve
 
 __all__ = ["all_gather", "all_reduce", "broadcast", "reduce_scatter"]
@@ -191,17 +193,26 @@ def _check_mean(where: str, op: str, leaves: list[Tensor], buckets: list) -> Non
                 )
 
 
-def _issue(collective, buffers: list, *args, **kwargs) -> None:
+def _issue(where: str, collective, buffers: list, *args, **kwargs) -> None:
     """Run ``collective(*buffer, *args, **kwargs)`` on every buffer (a tuple of
     tensors); asynchronously when there are several, so their transfers overlap,
     then wait for all. A single one runs synchronously: on gloo that saves the
-    hand-off to the worker thread (about 40% of a small all-reduce here)."""
-    if len(buffers) == 1:
-        collective(*buffers[0], *args, **kwargs)
-        return
-    works = [collective(*b, *args, **kwargs, async_op=True) for b in buffers]
-    for w in works:
-        w.wait()
+    hand-off to the worker thread (about 40% of a small all-reduce here).
+
+    Raises:
+        CollectiveError: the backend failed (a timeout, a dead peer); its error
+            is the cause.
+    """
+    started = time.monotonic()
+    try:
+        if len(buffers) == 1:
+            collective(*buffers[0], *args, **kwargs)
+            return
+        works = [collective(*b, *args, **kwargs, async_op=True) for b in buffers]
+        for w in works:
+            w.wait()
+    except RuntimeError as e:
+        raise failed(where, collective.__name__.removesuffix("_single"), e, started) from e
 
 
 # ------------------------------------------------------------------ all_reduce
@@ -258,7 +269,7 @@ def _all_reduce(where, tree, op, group, bucket_cap_mb, check, given=None):
     if world > 1:
         if op == "mean":
             torch._foreach_div_(flats, world)  # our own buffers
-        _issue(dist.all_reduce, [(f,) for f in flats], rop, group=g)
+        _issue(where, dist.all_reduce, [(f,) for f in flats], rop, group=g)
     for flat, b in zip(flats, buckets):
         _unpack(flat, b, out)
     return out if given is not None else _rebuild(tree, spec, out)
@@ -297,7 +308,7 @@ def broadcast(
         return _rebuild(tree, spec, out)
     flats = [_pack(leaves, b) for b in buckets]
     if world > 1:
-        _issue(dist.broadcast, [(f,) for f in flats], group=g, group_src=src)
+        _issue(where, dist.broadcast, [(f,) for f in flats], group=g, group_src=src)
     for flat, b in zip(flats, buckets):
         _unpack(flat, b, out)
     return _rebuild(tree, spec, out)
@@ -335,7 +346,7 @@ def all_gather(
         flat = _pack(leaves, b) if len(b.idx) > 1 else leaves[b.idx[0]].reshape(-1)
         every = torch.empty(world * b.numel, dtype=flat.dtype, device=flat.device)
         pairs.append((every, flat.contiguous()))
-    _issue(dist.all_gather_single, pairs, group=g)
+    _issue(where, dist.all_gather_single, pairs, group=g)
     gathered = [every for every, _ in pairs]
     for every, b in zip(gathered, buckets):
         _unpack(every.view(world, b.numel), b, out, (world,))
@@ -395,7 +406,7 @@ def reduce_scatter(
         if op == "mean" and world > 1:
             flat.div_(world)
         pairs.append((torch.empty(s.numel, dtype=flat.dtype, device=flat.device), flat))
-    _issue(dist.reduce_scatter_single, pairs, rop, group=g)
+    _issue(where, dist.reduce_scatter_single, pairs, rop, group=g)
     results = [mine for mine, _ in pairs]
     for mine, s in zip(results, shards):
         _unpack(mine, s, out)

@@ -15,6 +15,10 @@ general path has run it for the layout (a collective on the first call with
 each layout, as ``check="first"``), and it is dropped when that group's
 verified set is reset, so every rank issues the same checks as before.
 
+``rider`` lets ``fd.fit(data_parallel=True)`` send one number with the
+gradients (whether this rank has a next batch, when its batches have no
+``len()``): one more element in the one flat buffer, no extra collective.
+
 Returns ``None`` (the caller takes the general path, with its errors) under
 ``torch.compile``, for leaves that are DTensors, parameters or tensors wrapped
 by ``torch.func``, and for anything that is not a TensorDict of tensors.
@@ -22,6 +26,8 @@ by ``torch.func``, and for anything that is not a TensorDict of tensors.
 
 from __future__ import annotations
 
+import threading
+import time
 import weakref
 from typing import Any
 
@@ -33,15 +39,38 @@ from .._td import TensorDict
 from .._td._tree import flat_leaves
 from . import _group
 from ._collectives import _all_reduce, _issue, _pack, _prepare, _reduce_op, _unpack
+from ._faults import failed
 
-__all__ = ["reduce_td"]
+__all__ = ["reduce_td", "rider"]
 
 _MAX_ENTRIES = 64  # layouts kept per group (cleared when full)
 _entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> {key: _Entry}
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_compiling = torch.compiler.is_compiling
+_monotonic = time.monotonic
 _flatten = torch._C._nn.flatten_dense_tensors  # one C++ copy, as DDP's buckets
 _unflatten = torch._C._nn.unflatten_dense_tensors  # views of the flat buffer
+
+
+class _Rider(threading.local):
+    """A number that ``fit(data_parallel=True)`` has the next one-buffer
+    ``pmean``/``psum`` of this thread carry: ``arm(v)`` appends ``v`` to the
+    buffer (no extra collective), ``take()`` returns the sum over the ranks, or
+    None when no such call came (then ``fit`` asks the store instead). Every
+    rank arms the same calls, so the buffers keep equal sizes."""
+
+    flag: float | None = None
+    result: int | None = None
+
+    def arm(self, value: float) -> None:
+        self.flag, self.result = value, None
+
+    def take(self) -> int | None:
+        result, self.flag, self.result = self.result, None, None
+        return result
+
+
+rider = _Rider()
 
 
 class _Entry:
@@ -83,11 +112,23 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
         return flat_leaves(out)
     buckets, world = entry.buckets, entry.world
     if len(buckets) == 1 and len(leaves) > 1:  # the common case: one flat buffer
-        flat = _flatten(leaves)  # a copy: the caller's tensors are never written
+        flag = rider.flag
+        if flag is None:
+            flat = _flatten(leaves)  # a copy: the caller's tensors are never written
+        else:  # fit's flag rides at the end of the buffer
+            rider.flag = None
+            x = leaves[0]
+            flat = _flatten([*leaves, torch.full((1,), flag, dtype=x.dtype, device=x.device)])
         if world > 1:
             if op == "mean":
                 flat.div_(world)
-            dist.all_reduce(flat, _reduce_op(where, op), group=g)
+            started = _monotonic()
+            try:
+                dist.all_reduce(flat, _reduce_op(where, op), group=g)
+            except RuntimeError as e:
+                raise failed(where, "all_reduce", e, started) from e
+        if flag is not None:
+            rider.result = round(float(flat[-1]) * (world if op == "mean" else 1))
         # the leaves as the layout: cheaper than meta tensors, only their shapes are read
         return _unflatten(flat, leaves)
     flats = [_pack(leaves, b) for b in buckets]
@@ -95,7 +136,7 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
         if op == "mean":
             for f in flats:
                 f.div_(world)  # our own buffers
-        _issue(dist.all_reduce, [(f,) for f in flats], _reduce_op(where, op), group=g)
+        _issue(where, dist.all_reduce, [(f,) for f in flats], _reduce_op(where, op), group=g)
     out: list = [None] * len(leaves)
     for f, b in zip(flats, buckets):
         _unpack(f, b, out)

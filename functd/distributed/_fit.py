@@ -17,6 +17,15 @@
   the end of the epoch; only rank 0 prints and shows a progress bar, and every
   rank returns the same history.
 - A checkpoint is written by rank 0 only, then all ranks wait for it.
+- The ranks agree before they act, so a fault is an error on every rank rather
+  than a hang: at the start (checkpoint folder, resume point, the layouts of
+  params and optimizer state, named by key path) and before each epoch (the
+  number of batches and the layout of the first one; without ``len()``, one
+  store round trip a step and an agreement at the end of the epoch).
+- ``timeout=`` is set on the process group for the run; a collective that
+  fails or times out raises :class:`~functd.distributed.CollectiveError`
+  naming the collective, the step and the ranks that did not answer (from
+  the notes the failing ranks leave in the store, see ``_faults``).
 
 Example:
     >>> local = fd.distributed.shard_batch(batch)   # this rank's rows
@@ -24,15 +33,30 @@ Example:
 
 from __future__ import annotations
 
+import datetime
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from .._td._tree import tree as fdtree
 from ..optim._base import _Chain
 from ._collectives import _is_dtensor, all_reduce, broadcast
-from ._group import resolve
+from ._fast import rider
+from ._faults import GRACE_S, Board, CollectiveError, failed
+from ._group import (
+    _fingerprint,
+    describe,
+    gather_ints,
+    gather_objects,
+    get_timeout,
+    mismatch_detail,
+    resolve,
+    set_timeout,
+)
 
 __all__ = ["DataParallel", "shard_batch"]
 
@@ -92,10 +116,43 @@ def _reduces(tx: Any) -> bool:
     return False
 
 
-class DataParallel:
-    """The per-rank state of one data-parallel ``fit``."""
+_END = object()  # the end of a rank's batches
+_calls = 0  # data-parallel fit calls in this process: each gets its own notes in the store
 
-    def __init__(self, where: str, step: Any) -> None:
+
+def _seconds(where: str, timeout: Any) -> float | None:
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        timeout = timeout.total_seconds()
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(
+            f"{where}: timeout must be a positive number of seconds (or a timedelta, or None "
+            f"to keep the process group's own), got {timeout!r}."
+        )
+    return float(timeout)
+
+
+def sized(source: Any) -> int | None:
+    """``len(source)``, or None when it has none (a generator; a DataLoader over
+    an IterableDataset raises TypeError)."""
+    try:
+        return len(source)
+    except TypeError:
+        return None
+
+
+def _layout_print(tree: Any) -> int:
+    leaves, spec = fdtree.flatten(tree)
+    return _fingerprint(spec, leaves)
+
+
+class DataParallel:
+    """The per-rank state of one data-parallel ``fit``; a context manager that
+    sets the process group's timeout for the run and restores it after."""
+
+    def __init__(self, where: str, step: Any, timeout: Any = None) -> None:
+        global _calls
         self.where = where
         self.group, self.world, self.rank = resolve(where, None)
         opt = getattr(step, "optimizer", None)
@@ -106,20 +163,178 @@ class DataParallel:
                 "shard. Put fd.distributed.pmean() first in the chain: "
                 "fd.train_step(loss_fn, fd.optim.chain(fd.distributed.pmean(), opt))."
             )
+        self.timeout = _seconds(where, timeout)
+        self.limit = self.timeout  # the timeout in force (seconds; None: unknown)
+        self._old_timeout = None
+        _calls += 1
+        self.board = Board(f"functd/fit/{_calls}", self.world, self.rank)
+        self.i = self.epoch = 0  # where the run is, for the messages
 
     @property
     def main(self) -> bool:
         return self.rank == 0
 
-    def start(self, params: Any, opt_state: Any) -> tuple[Any, Any]:
-        """Rank 0's params and state on every rank (DTensor leaves are already
-        placed on their mesh and are kept)."""
-        leaves, spec = fdtree.flatten((params, opt_state))
+    def __enter__(self) -> DataParallel:
+        if self.world > 1:
+            self._old_timeout = get_timeout(self.group)
+            if self.timeout is not None:
+                set_timeout(self.group, datetime.timedelta(seconds=self.timeout))
+            elif self._old_timeout is not None:
+                self.limit = self._old_timeout.total_seconds()
+        return self
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if exc is not None and not isinstance(exc, CollectiveError) and self.world > 1:
+            # the others' diagnosis reads it when they wait for this rank in vain
+            self.board.post("down", f"{self.i}|0|raised {kind.__name__}: {str(exc)[:300]}")
+        if self._old_timeout is not None and self.timeout is not None:
+            set_timeout(self.group, self._old_timeout)
+
+    # ------------------------------------------------------------------ start
+    def start(self, params: Any, opt_state: Any, problem: str | None, resumed: tuple | None):
+        """One agreement (checkpoint folder, resume point, layout of the params and
+        state), then rank 0's params and state on every rank (DTensor leaves are
+        already placed on their mesh and are kept)."""
+        parts = {"params": params, "opt_state": opt_state}
+        prints = [_layout_print({k: v}) for k, v in parts.items()]
+        at = (-1, -1) if resumed is None else resumed
+        mine = [int(problem is not None), *at, *prints]
+        rows = self._gather("the start-up agreement of the ranks", mine)
+        if any(r[0] for r in rows):
+            problems = self._guarded(
+                "the start-up agreement",
+                gather_objects,
+                self.where,
+                self.group,
+                self.world,
+                problem,
+            )
+            raise ValueError(f"{self.where} could not start: {_by_rank(problems)}")
+        if any(r[1:3] != rows[0][1:3] for r in rows):
+            raise ValueError(
+                f"{self.where}: the ranks resume from different points: "
+                + ", ".join(f"rank {r}: {_resume_point(row)}" for r, row in enumerate(rows))
+                + ". Every rank reads the checkpoint: its folder must be shared (the same "
+                "files on every rank)."
+            )
+        for j, (name, part) in enumerate(parts.items(), 3):
+            if any(r[j] != rows[0][j] for r in rows):
+                self._different_start({name: part}, [r[j] for r in rows])
+        leaves, spec = fdtree.flatten(parts)
         plain = [i for i, x in enumerate(leaves) if not _is_dtensor(x)]
-        sent = broadcast([leaves[i] for i in plain], src=0, group=self.group)
-        for i, x in zip(plain, sent):
-            leaves[i] = x
-        return fdtree.unflatten(spec, leaves)
+        paths = [".".join(map(str, p)) for p in fdtree.paths(parts)]
+        sent = {paths[i]: leaves[i] for i in plain}  # keyed by path: errors name the key
+        got = self._guarded(
+            "the broadcast of the params from rank 0", broadcast, sent, 0, self.group
+        )
+        for i in plain:
+            leaves[i] = got[paths[i]]
+        out = fdtree.unflatten(spec, leaves)
+        return out["params"], out["opt_state"]
+
+    def _different_start(self, tree: dict, prints: list[int]) -> None:
+        leaves = fdtree.leaves(tree)
+        detail = mismatch_detail(self.where, self.group, self.world, describe(tree, leaves), prints)
+        raise ValueError(
+            f"{self.where}: the ranks passed different params or optimizer states: "
+            f"{detail}. Every rank must start from the same layout (keys, shapes and "
+            "dtypes; fit then copies rank 0's values to every rank): build the model and "
+            "the optimizer state the same way on every rank."
+        )
+
+    # ------------------------------------------------------------------ epochs
+    def batches(self, source: Any, epoch: int) -> Iterator[Any]:
+        """This rank's batches of ``epoch``, after the ranks agreed on their number
+        and the layout of the first one; uneven numbers raise on every rank."""
+        self.epoch = epoch
+        n = sized(source)
+        it = iter(source)
+        first = next(it, _END)
+        known = n if n is not None else (0 if first is _END else -1)
+        fp = 0 if first is _END else _layout_print(first)
+        rows = self._gather(f"the agreement on the batches before epoch {epoch}", [known, fp])
+        counts = [r[0] for r in rows]
+        if len({c for c in counts if c != -1}) > 1 or (0 in counts and -1 in counts):
+            self._uneven(epoch, [str(c) if c >= 0 else "at least 1" for c in counts])
+        if len({r[1] for r in rows if r[0]}) > 1:
+            self._different_batches(epoch, first, [r[1] for r in rows])
+        if -1 in counts:
+            yield from self._watched(it, first, n, epoch)
+        else:
+            yield from self._counted(it, first, n, epoch)
+
+    def _counted(self, it: Iterator, first: Any, n: int, epoch: int) -> Iterator[Any]:
+        count, cur = 0, first
+        while cur is not _END and count < n:
+            yield cur
+            count += 1
+            cur = next(it, _END) if count < n else _END
+        if count < n or next(it, _END) is not _END:
+            raise ValueError(
+                f"{self.where}: on rank {self.rank}, the batches of epoch {epoch} have len() "
+                f"{n} but gave {'only ' + str(count) if count < n else 'more'}; fit agrees on "
+                "the number of steps with len(), so it must be exact (or give no len())."
+            )
+
+    def _watched(self, it: Iterator, first: Any, n: int | None, epoch: int) -> Iterator[Any]:
+        """Some rank's batches have no len(). Each rank reads one batch ahead, so
+        before each step it knows whether it has a next batch: that flag rides
+        in the step's gradient all-reduce (``_fast.rider``), and after the step
+        every rank knows whether every rank has a next batch. When a step did
+        not carry it (no one-buffer pmean/psum in it), the ranks ask the store
+        instead, where each rank posts its total as soon as it knows it."""
+        total = f"total/{epoch}"
+        if n is not None:
+            self._post_total(total, n)
+        count, cur, seen, limit, known = 0, first, 0, None, False
+        try:
+            while cur is not _END:
+                if count and not known:  # the last step carried no flag: ask the store
+                    posted = self.board.add(total, 0) or 0
+                    if posted != seen:
+                        seen, notes = posted, self.board.read(total)
+                        limit = min(int(v) for v in notes.values()) if notes else limit
+                    if limit is not None and count >= limit:
+                        break
+                nxt = next(it, _END)
+                if nxt is _END and n is None:
+                    self._post_total(total, count + 1)  # before the last step's collective
+                rider.arm(float(nxt is not _END))
+                yield cur
+                count, cur = count + 1, nxt
+                having = rider.take()  # ranks with a next batch (None: not carried)
+                known = having is not None
+                if known and having < self.world:
+                    break  # a rank has no batch for the next step: stop together
+        finally:
+            rider.take()
+        what = f"the agreement on the batch counts at the end of epoch {epoch}"
+        rows = self._gather(what, [count, int(cur is _END)])
+        if any(r != rows[0] for r in rows) or not rows[0][1]:
+            self._uneven(epoch, [f"{c}" if done else f"more than {c}" for c, done in rows])
+
+    def _post_total(self, name: str, total: int) -> None:
+        self.board.post(name, str(total))
+        self.board.add(name, 1)
+
+    def _uneven(self, epoch: int, counts: list[str]) -> None:
+        raise ValueError(
+            f"{self.where}: the ranks have different numbers of batches in epoch {epoch}: "
+            + ", ".join(f"rank {r} has {c}" for r, c in enumerate(counts))
+            + ". Each step all-reduces the gradients, so every rank must take the same "
+            "number of steps: give every rank the same number of batches (the same list on "
+            "every rank, or a DistributedSampler with drop_last=True)."
+        )
+
+    def _different_batches(self, epoch: int, first: Any, prints: list[int]) -> None:
+        leaves = [] if first is _END else fdtree.leaves(first)
+        desc = [] if first is _END else describe(first, leaves)
+        detail = mismatch_detail(self.where, self.group, self.world, desc, prints)
+        raise ValueError(
+            f"{self.where}: the ranks' batches differ at the first step of epoch {epoch}: "
+            f"{detail}. Every rank must get the same batch (each takes its 1/{self.world} of "
+            "the rows): the same batch size, keys and dtypes on every rank."
+        )
 
     def batch(self, batch: Any) -> Any:
         return shard_batch(batch, self.group, where=self.where)
@@ -131,31 +346,136 @@ class DataParallel:
 
         return fr.fold_in(key, self.rank)
 
-    def reduce(self, metrics: list) -> list:
-        """The epoch's metrics averaged over the ranks (floating leaves; others are
-        rank 0's), one all-reduce for the whole epoch."""
-        if not metrics or self.world == 1:
-            return metrics
-        from .._td._shape import stack, unbind
-
-        hist = stack(metrics)
+    def reduce(self, hist: Any) -> Any:
+        """The epoch's stacked metrics averaged over the ranks (floating leaves;
+        others are rank 0's), one all-reduce for the whole epoch."""
+        if self.world == 1:
+            return hist
         leaves, spec = fdtree.flatten(hist)
         idx = [i for i, x in enumerate(leaves) if x.is_floating_point() or x.is_complex()]
         others = [i for i in range(len(leaves)) if i not in idx]
-        reduced = all_reduce([leaves[i] for i in idx], "mean", self.group)
+        what = f"the all_reduce of the metrics of epoch {self.epoch}"
+        reduced = self._guarded(what, all_reduce, [leaves[i] for i in idx], "mean", self.group)
         if others:
-            kept = broadcast([leaves[i] for i in others], 0, self.group)
+            kept = self._guarded(what, broadcast, [leaves[i] for i in others], 0, self.group)
             for i, v in zip(others, kept):
                 leaves[i] = v
         for i, v in zip(idx, reduced):
             leaves[i] = v
-        return list(unbind(fdtree.unflatten(spec, leaves), 0))
+        return fdtree.unflatten(spec, leaves)
 
     def barrier(self) -> None:
-        import torch.distributed as dist
-
         if self.world > 1:
-            if dist.get_backend(self.group) == "nccl":
-                dist.barrier(self.group, device_ids=[torch.cuda.current_device()])
-            else:
-                dist.barrier(self.group)
+            self._guarded(f"the barrier after the checkpoint of epoch {self.epoch}", self._barrier)
+
+    def _barrier(self) -> None:
+        kw = {}
+        if dist.get_backend(self.group) == "nccl":
+            kw["device_ids"] = [torch.cuda.current_device()]
+        started = time.monotonic()
+        try:
+            dist.barrier(self.group, **kw)
+        except RuntimeError as e:
+            raise failed(self.where, "barrier", e, started) from e
+
+    # ------------------------------------------------------------------ failures
+    def _gather(self, what: str, values: list[int]) -> list[list[int]]:
+        return self._guarded(what, gather_ints, self.where, self.group, self.world, values)
+
+    def _guarded(self, what: str, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except CollectiveError as e:
+            raise self.failure(what, e) from (e.__cause__ or e)
+
+    def failure(self, what: str, e: CollectiveError) -> CollectiveError:
+        """The error of a failed collective, naming the step and the ranks that did
+        not answer, from the notes the failing ranks leave in the store (this rank
+        waits up to GRACE_S for the others' notes)."""
+        seconds = e.seconds or 0.0
+        self.board.post("down", f"{self.i}|{seconds:.2f}|{what}")
+        notes = self.board.wait("down", GRACE_S)
+        kinds = {r: self._kind(n) for r, n in (notes or {}).items()}
+        quiet = [r for r in range(self.world) if r != self.rank and r not in kinds]
+        late, missing = False, None
+        if notes is not None and self._timed_out(seconds):
+            # ranks that failed fast came after this rank had given up
+            missing = sorted(quiet + [r for r, k in kinds.items() if k[0] == "late"])
+        elif notes is not None:
+            late = any(k[0] == "gave up" for k in kinds.values())
+            missing = [] if late else quiet
+        head = f"{self.where}: on rank {self.rank}, {what} at step {self.i} (epoch {self.epoch}) "
+        if self._timed_out(seconds):
+            head += f"did not complete within the timeout of {self.limit:g} s"
+        else:
+            head += f"failed after {seconds:.1f} s"
+        return CollectiveError(
+            f"{head}: {_who(kinds if notes is not None else None, missing, late)}. Every rank "
+            "stops with an error. If a step can take longer, raise fd.fit(..., timeout=...). "
+            "The backend's error is the cause.",
+            where=self.where,
+            collective=e.collective,
+            rank=self.rank,
+            step=self.i,
+            missing=missing,
+        )
+
+    def _timed_out(self, seconds: float) -> bool:
+        return self.limit is not None and seconds >= 0.9 * self.limit
+
+    def _kind(self, note: str) -> tuple[str, str, str]:
+        """``(kind, step, what)`` of a rank's note: it "raised" an error, "gave up"
+        waiting (timed out) or failed fast because it came "late"."""
+        step, _, rest = note.partition("|")
+        seconds, _, what = rest.partition("|")
+        if what.startswith("raised "):
+            return "raised", step, what
+        try:
+            gave_up = self._timed_out(float(seconds))
+        except ValueError:  # not a note of this version
+            gave_up = False
+        return ("gave up" if gave_up else "late"), step, what
+
+
+def _who(kinds: dict | None, missing: list | None, late: bool) -> str:
+    if kinds is None:
+        return (
+            "which rank did not answer is unknown (the process group's store is "
+            "unreachable: rank 0 may have exited)"
+        )
+    said = [
+        f"rank {r} stopped at step {step}: it {what}"
+        for r, (kind, step, what) in sorted(kinds.items())
+        if kind == "raised"
+    ]
+    if late:
+        gave_up = [
+            f"rank {r} gave up waiting in {what} at step {step}"
+            for r, (kind, step, what) in sorted(kinds.items())
+            if kind == "gave up"
+        ]
+        return "; ".join([*gave_up, *said]) + (
+            ": this rank came too late (was it stalled before this collective?)"
+        )
+    if missing:
+        plural = "s" if len(missing) > 1 else ""
+        said.insert(
+            0,
+            f"rank{plural} {', '.join(map(str, missing))} did not answer in time (stalled, "
+            "e.g. in its data loading or a long step, or dead)",
+        )
+    return "; ".join(said) or "every rank reported the failure (a network fault?)"
+
+
+def _by_rank(problems: list) -> str:
+    groups: dict[str, list[int]] = {}
+    for r, p in enumerate(problems):
+        if p is not None:
+            groups.setdefault(p, []).append(r)
+    return "; ".join(
+        f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}: {p}" for p, rs in groups.items()
+    )
+
+
+def _resume_point(row: list[int]) -> str:
+    return "a fresh start" if row[1] < 0 else f"epoch {row[1]} (step {row[2]})"

@@ -17,14 +17,27 @@ verified fingerprints are cached per process group (a bounded set in a
 
 from __future__ import annotations
 
+import datetime
 import hashlib
+import time
 import weakref
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["check_structure", "resolve"]
+from ._faults import failed
+
+__all__ = [
+    "check_structure",
+    "describe",
+    "gather_ints",
+    "gather_objects",
+    "get_timeout",
+    "mismatch_detail",
+    "resolve",
+    "set_timeout",
+]
 
 _MAX_CACHED = 256  # verified structures kept per group (cleared when full)
 _verified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -59,8 +72,14 @@ def _describe(x: torch.Tensor) -> str:
     return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)} on {x.device.type}"
 
 
-def _fingerprint(spec: Any, leaves: list[torch.Tensor]) -> int:
-    text = repr(spec) + "|" + ";".join(_describe(x) for x in leaves)
+def _fingerprint(spec: Any, leaves: list) -> int:
+    text = (
+        repr(spec)
+        + "|"
+        + ";".join(
+            _describe(x) if isinstance(x, torch.Tensor) else type(x).__name__ for x in leaves
+        )
+    )
     return int.from_bytes(
         hashlib.blake2b(text.encode(), digest_size=8).digest(), "little", signed=True
     )
@@ -92,7 +111,11 @@ def check_structure(
     mine = torch.tensor([_fingerprint(spec, leaves)], dtype=torch.int64)
     mine = mine.to(_check_device(group, leaves))
     every = torch.empty(world, dtype=torch.int64, device=mine.device)
-    dist.all_gather_single(every, mine, group=group)
+    started = time.monotonic()
+    try:
+        dist.all_gather_single(every, mine, group=group)
+    except RuntimeError as e:
+        raise failed(where, "all_gather", e, started) from e
     if bool((every == every[0]).all()):
         if seen is None or len(seen) >= _MAX_CACHED:
             seen = _verified[group] = set()
@@ -102,33 +125,86 @@ def check_structure(
 
 
 def _raise_mismatch(where, group, world, tree, leaves, prints) -> None:
-    from .._td._tree import tree as fdtree
-
-    paths = [".".join(map(str, p)) or "<root>" for p in fdtree.paths(tree)]
-    desc = [(p, _describe(x)) for p, x in zip(paths, leaves)]
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, desc, group=group)
-    ref = everyone[0]
-    other = next(r for r in range(world) if prints[r] != prints[0])
-    theirs = everyone[other]
-    a, b = dict(ref), dict(theirs)
-    detail = None
-    for p, d in ref:
-        if p not in b:
-            detail = f"rank 0 has the key {p!r} ({d}), rank {other} does not"
-            break
-        if b[p] != d:
-            detail = f"at the key {p!r}, rank 0 has {d} and rank {other} has {b[p]}"
-            break
-    if detail is None:
-        extra = next((p for p, _ in theirs if p not in a), None)
-        detail = (
-            f"rank {other} has the key {extra!r}, rank 0 does not"
-            if extra is not None
-            else f"rank 0 and rank {other} have the same keys in a different tree layout"
-        )
+    detail = mismatch_detail(where, group, world, describe(tree, leaves), prints)
     raise ValueError(
         f"{where}: the ranks passed different trees: {detail}. Every rank must pass the "
         "same structure (keys, shapes and dtypes) to a collective; build the params and "
         "batches the same way on every rank (e.g. the same init key, the same batch size)."
     )
+
+
+def describe(tree: Any, leaves: list) -> list[tuple[str, str]]:
+    """``(dotted key path, "dtype[shape] on device")`` for each leaf of ``tree``
+    (a leaf that is not a tensor: its type name)."""
+    from .._td._tree import tree as fdtree
+
+    paths = [".".join(map(str, p)) or "<root>" for p in fdtree.paths(tree)]
+    return [
+        (p, _describe(x) if isinstance(x, torch.Tensor) else type(x).__name__)
+        for p, x in zip(paths, leaves)
+    ]
+
+
+def mismatch_detail(where: str, group: Any, world: int, desc: list, prints: list) -> str:
+    """Which key differs between rank 0 and the first rank whose fingerprint in
+    ``prints`` differs: gathers every rank's ``desc`` (a collective: every rank
+    calls it when the fingerprints differ)."""
+    everyone: list = [None] * world
+    started = time.monotonic()
+    try:
+        dist.all_gather_object(everyone, desc, group=group)
+    except RuntimeError as e:
+        raise failed(where, "all_gather_object", e, started) from e
+    ref = everyone[0]
+    other = next(r for r in range(world) if prints[r] != prints[0])
+    theirs = everyone[other]
+    a, b = dict(ref), dict(theirs)
+    for p, d in ref:
+        if p not in b:
+            return f"rank 0 has the key {p!r} ({d}), rank {other} does not"
+        if b[p] != d:
+            return f"at the key {p!r}, rank 0 has {d} and rank {other} has {b[p]}"
+    extra = next((p for p, _ in theirs if p not in a), None)
+    if extra is not None:
+        return f"rank {other} has the key {extra!r} ({b[extra]}), rank 0 does not"
+    return f"rank 0 and rank {other} have the same keys in a different tree layout"
+
+
+def gather_ints(where: str, group: Any, world: int, values: list[int]) -> list[list[int]]:
+    """Every rank's ``values`` (int64s, the same count on every rank): one
+    ``all_gather``; entry ``r`` is rank ``r``'s."""
+    mine = torch.tensor(values, dtype=torch.int64).to(_check_device(group, []))
+    every = torch.empty(world * len(values), dtype=torch.int64, device=mine.device)
+    started = time.monotonic()
+    try:
+        dist.all_gather_single(every, mine, group=group)
+    except RuntimeError as e:
+        raise failed(where, "all_gather", e, started) from e
+    return every.view(world, len(values)).tolist()
+
+
+def gather_objects(where: str, group: Any, world: int, obj: Any) -> list:
+    """Every rank's ``obj`` (picklable; for error messages only)."""
+    everyone: list = [None] * world
+    started = time.monotonic()
+    try:
+        dist.all_gather_object(everyone, obj, group=group)
+    except RuntimeError as e:
+        raise failed(where, "all_gather_object", e, started) from e
+    return everyone
+
+
+def get_timeout(group: Any) -> datetime.timedelta | None:
+    """The group's current collective timeout (None when the backend does not say)."""
+    try:
+        backend = group._get_backend(_check_device(group, []))
+        return backend.options._timeout
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def set_timeout(group: Any, timeout: datetime.timedelta) -> None:
+    """Set the timeout of the group's later collectives (gloo and NCCL)."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timeout, group)

@@ -1,0 +1,196 @@
+"""``fd.fit``'s checkpoints: what one holds, how they rotate, how a run resumes.
+
+A checkpoint is the dict ``{"params", "opt_state", "epoch", "step", "history",
+"run"}`` written with ``fd.save`` at the end of an epoch: ``epoch`` is the
+number of epochs done, ``step`` the global step counter (step ``i`` gets
+``fold_in(key, i)``), ``history`` the metrics so far (``None`` before the first
+step) and ``run`` the fingerprint of the run that wrote it: the key path, dtype
+and shape of every leaf of ``params`` and ``opt_state``, ``epochs`` and the key.
+Resuming from it continues the run bitwise: nothing else decides what the next
+step computes (``batches(epoch)`` is a function of the epoch, and functd draws
+nothing from torch's global generator).
+
+**Rotation.** ``keep`` files: ``path`` (the newest), ``path.1`` (the one
+before), ..., ``path.{keep-1}``. A write goes to ``path.tmp`` first (fsynced),
+then the older files shift by one name (``os.replace``), ``path.1`` becomes a
+hard link to the current ``path``, and ``path.tmp`` replaces ``path``; the
+folder is fsynced. At every moment ``path`` is a complete checkpoint (old or
+new) and the older ones are complete too, so a kill during a write loses at
+most the epoch being written. Where hard links are not supported, ``path`` is
+renamed to ``path.1`` instead, and for a moment only ``path.1`` exists; resume
+still finds it.
+
+**Resume** tries ``path``, ``path.1``, ... in that order and takes the first
+that loads (a file that does not load is skipped with a warning). A checkpoint
+whose ``run`` differs from this run's is refused with an error naming the
+difference: resuming another run's state would not be a continuation.
+
+Example:
+    >>> fd.fit(step, params, opt_state, batches, key, epochs=10, checkpoint="ckpt.pt",
+    ...        resume=True)   # after a crash: continues from ckpt.pt (or ckpt.pt.1)
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Any
+
+from torch import Tensor
+
+from ._td._io import load, save
+from ._td._tree import tree as fdtree
+
+__all__ = ["Checkpoints", "run_fingerprint"]
+
+FORMAT = 1  # the layout of the checkpoint dict; bumped when it changes
+_KEYS = ("params", "opt_state", "epoch", "step", "history", "run")
+
+
+def _layout(tree: Any) -> list[list[str]]:
+    return [
+        [".".join(map(str, p)) or "<root>", _describe(x)]
+        for p, x in zip(fdtree.paths(tree), fdtree.leaves(tree))
+    ]
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)}"
+    return type(x).__name__
+
+
+def run_fingerprint(params: Any, opt_state: Any, epochs: int, key: Any) -> dict:
+    """What identifies a run: the layout of ``params`` and ``opt_state`` (key paths,
+    dtypes, shapes), ``epochs`` and the key's values."""
+    if key is None:
+        key_text = "None"
+    else:
+        key_text = f"{_describe(key)} {key.detach().cpu().reshape(-1).tolist()}"
+    return {
+        "format": FORMAT,
+        "params": _layout(params),
+        "opt_state": _layout(opt_state),
+        "epochs": epochs,
+        "key": key_text,
+    }
+
+
+def _difference(saved: Any, mine: dict) -> str | None:
+    """How the run that wrote a checkpoint differs from this one (None: the same)."""
+    if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+        return "it was not written by this version of fd.fit (no run fingerprint)"
+    if saved["epochs"] != mine["epochs"]:
+        return f"it is a run of epochs={saved['epochs']}, this one has epochs={mine['epochs']}"
+    if saved["key"] != mine["key"]:
+        return f"its key was {saved['key']}, this run's is {mine['key']}"
+    for part in ("params", "opt_state"):
+        there, here = dict(map(tuple, saved[part])), dict(map(tuple, mine[part]))
+        for path, d in there.items():
+            if path not in here:
+                return f"its {part} have the key {path!r} ({d}), this run's do not"
+            if here[path] != d:
+                return f"at the {part} key {path!r}, it has {d} and this run has {here[path]}"
+        for path, d in here.items():
+            if path not in there:
+                return f"this run's {part} have the key {path!r} ({d}), it does not"
+    return None
+
+
+def _fsync(path: str, directory: bool = False) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
+    except OSError:  # e.g. a folder on Windows: nothing to sync there
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Checkpoints:
+    """The rotating checkpoint files of one ``fit`` call (see the module docstring)."""
+
+    def __init__(self, where: str, path: str | os.PathLike, keep: int) -> None:
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"{where}: keep must be an int >= 1 (files kept), got {keep!r}.")
+        self.where = where
+        self.path = os.fspath(path)
+        self.names = [self.path] + [f"{self.path}.{j}" for j in range(1, keep)]
+        self.loaded: str | None = None  # the file ``latest`` resumed from
+
+    def problem(self) -> str | None:
+        """Why checkpoints cannot be written here (None: they can)."""
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            return (
+                f"the checkpoint folder {folder!r} does not exist; create it first "
+                "(os.makedirs(folder, exist_ok=True))"
+            )
+        if not os.access(folder, os.W_OK | os.X_OK):
+            return f"the checkpoint folder {folder!r} is not writable"
+        if os.path.isdir(self.path):
+            return f"the checkpoint path {self.path!r} is a folder; give a file name in it"
+        return None
+
+    def write(self, state: dict) -> None:
+        """Write ``state`` as the newest checkpoint and rotate the older ones."""
+        tmp = self.path + ".tmp"
+        save(state, tmp)
+        _fsync(tmp)
+        for j in range(len(self.names) - 1, 1, -1):
+            if os.path.exists(self.names[j - 1]):
+                os.replace(self.names[j - 1], self.names[j])
+        if len(self.names) > 1 and os.path.exists(self.path):
+            self._keep_previous()
+        os.replace(tmp, self.path)
+        _fsync(os.path.dirname(os.path.abspath(self.path)), directory=True)
+
+    def _keep_previous(self) -> None:
+        """``path.1`` = the current ``path``, which stays in place (a hard link)."""
+        link = self.path + ".tmp1"
+        try:
+            if os.path.lexists(link):
+                os.unlink(link)
+            os.link(self.path, link)
+            os.replace(link, self.names[1])
+        except OSError:  # no hard links on this file system: rename it
+            os.replace(self.path, self.names[1])
+
+    def latest(self, run: dict, map_location: Any = None) -> dict | None:
+        """The newest checkpoint that loads, checked against ``run``; None when
+        there is none yet (a fresh start).
+
+        Raises:
+            ValueError: the newest loadable checkpoint is another run's.
+        """
+        for name in self.names:
+            if not os.path.exists(name):
+                continue
+            try:
+                state = load(name, map_location=map_location)
+            except Exception as e:  # any unreadable file: try the one before
+                warnings.warn(
+                    f"{self.where}: the checkpoint {name!r} could not be loaded and is skipped "
+                    f"({type(e).__name__}: {e}); resuming from an older one if there is one.",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                continue
+            self.loaded = name
+            return self._checked(name, state, run)
+        return None
+
+    def _checked(self, name: str, state: Any, run: dict) -> dict:
+        found = isinstance(state, dict) and all(k in state for k in _KEYS)
+        diff = _difference(state.get("run") if found else None, run)
+        if diff is not None:
+            raise ValueError(
+                f"{self.where}: refused to resume from {name!r}: it was written by another "
+                f"run ({diff}). Resume only the run that wrote it; to start a new run, give "
+                "another checkpoint path or remove the old files, or load the file with "
+                "fd.load and pass its params to a new fit."
+            )
+        return state
