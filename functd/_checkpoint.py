@@ -11,7 +11,7 @@ step computes (``batches(epoch)`` is a function of the epoch, and functd draws
 nothing from torch's global generator).
 
 **Rotation.** ``keep`` files: ``path`` (the newest), ``path.1`` (the one
-before), ..., ``path.{keep-1}``. A write goes to ``path.tmp`` first (fsynced),
+before), ..., ``path.{keep-1}``. A write goes to ``path.tmp`` first (``fd.save``: atomic, fsynced),
 then the older files shift by one name (``os.replace``), ``path.1`` becomes a
 hard link to the current ``path``, and ``path.tmp`` replaces ``path``; the
 folder is fsynced. At every moment ``path`` is a complete checkpoint (old or
@@ -38,6 +38,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ._td._atomic import fsync_folder
 from ._td._io import load, save
 from ._td._tree import tree as fdtree
 
@@ -97,19 +98,6 @@ def _difference(saved: Any, mine: dict) -> str | None:
     return None
 
 
-def _fsync(path: str, directory: bool = False) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | (getattr(os, "O_DIRECTORY", 0) if directory else 0))
-    except OSError:  # e.g. a folder on Windows: nothing to sync there
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 class Checkpoints:
     """The rotating checkpoint files of one ``fit`` call (see the module docstring)."""
 
@@ -138,15 +126,14 @@ class Checkpoints:
     def write(self, state: dict) -> None:
         """Write ``state`` as the newest checkpoint and rotate the older ones."""
         tmp = self.path + ".tmp"
-        save(state, tmp)
-        _fsync(tmp)
+        save(state, tmp)  # atomic and fsynced (functd/_td/_atomic.py): complete before rotating
         for j in range(len(self.names) - 1, 1, -1):
             if os.path.exists(self.names[j - 1]):
                 os.replace(self.names[j - 1], self.names[j])
         if len(self.names) > 1 and os.path.exists(self.path):
             self._keep_previous()
         os.replace(tmp, self.path)
-        _fsync(os.path.dirname(os.path.abspath(self.path)), directory=True)
+        fsync_folder(os.path.dirname(os.path.abspath(self.path)))
 
     def _keep_previous(self) -> None:
         """``path.1`` = the current ``path``, which stays in place (a hard link)."""

@@ -25,7 +25,7 @@ import stat
 from collections.abc import Callable
 from typing import IO
 
-__all__ = ["atomic_write", "temp_prefix"]
+__all__ = ["atomic_write", "fsync_folder", "temp_prefix"]
 
 _HOST = re.sub(r"[^A-Za-z0-9_.]", "_", socket.gethostname())[:32] or "host"
 
@@ -64,7 +64,7 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None], where: str) -> N
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
-    _fsync_folder(folder)
+    fsync_folder(folder)
     _sweep(folder, path)
 
 
@@ -77,7 +77,7 @@ def _mode_of(path: str) -> int | None:
     return stat.S_IMODE(st.st_mode) if stat.S_ISREG(st.st_mode) else None
 
 
-def _fsync_folder(folder: str) -> None:
+def fsync_folder(folder: str) -> None:
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError:  # e.g. Windows, where a folder cannot be opened
