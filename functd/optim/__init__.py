@@ -17,6 +17,8 @@ Example:
     >>> params = fd.optim.apply_updates(params, updates)
 """
 
+from ._accumulation import MultiSteps as MultiSteps
+from ._accumulation import apply_every as apply_every
 from ._alias import adagrad as adagrad
 from ._alias import adam as adam
 from ._alias import adamw as adamw
@@ -29,11 +31,16 @@ from ._base import apply_updates as apply_updates
 from ._base import chain as chain
 from ._base import identity as identity
 from ._inject import inject_hyperparams as inject_hyperparams
+from ._masking import masked as masked
+from ._masking import multi_transform as multi_transform
+from ._masking import set_to_zero as set_to_zero
 from ._schedules import constant as constant
 from ._schedules import cosine_decay as cosine_decay
 from ._schedules import exponential_decay as exponential_decay
 from ._schedules import linear as linear
 from ._schedules import warmup_cosine_decay as warmup_cosine_decay
+from ._targets import incremental_update as incremental_update
+from ._targets import periodic_update as periodic_update
 from ._transforms import add_decayed_weights as add_decayed_weights
 from ._transforms import clip as clip
 from ._transforms import clip_by_global_norm as clip_by_global_norm
@@ -48,11 +55,13 @@ from ._wrappers import skip_nonfinite as skip_nonfinite
 
 __all__ = [
     "GradientTransformation",
+    "MultiSteps",
     "Partial",
     "adagrad",
     "adam",
     "adamw",
     "add_decayed_weights",
+    "apply_every",
     "apply_updates",
     "chain",
     "clip",
@@ -61,9 +70,13 @@ __all__ = [
     "cosine_decay",
     "exponential_decay",
     "identity",
+    "incremental_update",
     "inject_hyperparams",
-    "lion",
     "linear",
+    "lion",
+    "masked",
+    "multi_transform",
+    "periodic_update",
     "rmsprop",
     "scale",
     "scale_by_adam",
@@ -71,6 +84,7 @@ __all__ = [
     "scale_by_lion",
     "scale_by_rms",
     "scale_by_schedule",
+    "set_to_zero",
     "sgd",
     "skip_nonfinite",
     "trace",
