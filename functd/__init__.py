@@ -52,5 +52,4 @@ from ._transforms._vmap import vmap as vmap
 from ._version import __version__ as __version__
 from .nn._param_extractor import NormalParamExtractor as NormalParamExtractor
 
-
 del _tree
