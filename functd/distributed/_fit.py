@@ -87,6 +87,8 @@ def shard_batch(batch: Any, group: Any = None, *, where: str = "fd.distributed.s
             "agree."
         )
     if not sizes:
+        if any(_is_dtensor(x) for x in leaves):  # a batch of DTensors: already placed
+            return batch
         raise ValueError(f"{where}: the batch holds no tensor with a batch dim to split.")
     (n,) = sizes
     if n % world:
