@@ -135,7 +135,8 @@ def fit(
     Args:
         step: ``step(params, opt_state, batch, key)``, e.g. from :func:`train_step`
             (compiled or vmapped is fine).
-        params, opt_state: the starting values (not modified).
+        params: the starting params (not modified).
+        opt_state: the starting optimizer state (not modified).
         batches: a re-iterable of batches (a list, a DataLoader), or a function
             ``epoch -> iterable`` (e.g. to reshuffle with ``fd.random``).
         key: a PRNG key; step ``i`` (counted over all epochs) gets

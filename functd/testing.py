@@ -142,7 +142,8 @@ def tensordicts(
         batch_shape: a fixed batch shape, a strategy of shapes, or None for
             ``batch_shapes()``.
         max_depth: nesting depth (1 means no nested TensorDict).
-        min_keys, max_keys: number of entries per level.
+        min_keys: least number of entries per level.
+        max_keys: largest number of entries per level.
         dtypes: dtypes drawn for the leaves (floating, integer or bool).
         devices: devices drawn for the leaves (one per TensorDict).
         max_feature_dims: feature dims of each leaf, after the batch dims.
