@@ -20,12 +20,16 @@ import contextlib
 import io
 import os
 import re
+import sys
 import tempfile
+import types
+import warnings
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+_PAGE_MODULE = "functd_docs_page"
 _BLOCK = re.compile(r"^```python[^\n]*\n(.*?)^```", re.S | re.M)
 
 
@@ -51,7 +55,10 @@ def run_page(path: Path, text: str | None = None, quiet: bool = True) -> dict[st
     """
     text = path.read_text() if text is None else text
     name = str(path.relative_to(ROOT)) if path.is_absolute() else str(path)
-    ns: dict[str, Any] = {"__name__": "__docs__"}
+    # the page's namespace is a real module: dynamo looks a function's globals up by name
+    module = types.ModuleType(_PAGE_MODULE)
+    sys.modules[_PAGE_MODULE] = module
+    ns: dict[str, Any] = module.__dict__
     here = os.getcwd()
     with tempfile.TemporaryDirectory() as tmp:
         os.chdir(tmp)
@@ -59,7 +66,7 @@ def run_page(path: Path, text: str | None = None, quiet: bool = True) -> dict[st
             for i, code in enumerate(blocks(text)):
                 out = io.StringIO()
                 try:
-                    with contextlib.redirect_stdout(out) if quiet else contextlib.nullcontext():
+                    with _captured(out) if quiet else contextlib.nullcontext():
                         exec(compile(code, f"{name} python block {i}", "exec"), ns)
                 except Exception as e:
                     first = code.strip().splitlines()[0] if code.strip() else ""
@@ -68,6 +75,7 @@ def run_page(path: Path, text: str | None = None, quiet: bool = True) -> dict[st
                     ) from e
         finally:
             os.chdir(here)
+            sys.modules.pop(_PAGE_MODULE, None)
     return ns
 
 
@@ -80,7 +88,16 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
         return markdown
     path = Path(config["docs_dir"]) / page.file.src_path
     try:
-        run_page(path, markdown)
+        with warnings.catch_warnings():  # tests/test_docs.py pins which warnings occur
+            warnings.simplefilter("ignore")
+            run_page(path, markdown)
     except ExampleError as e:
         raise PluginError(str(e)) from e
     return markdown
+
+
+@contextlib.contextmanager
+def _captured(out: io.StringIO) -> Any:
+    """Print and progress bars of a block go to ``out`` (shown when it fails)."""
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        yield
