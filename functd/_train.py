@@ -101,7 +101,7 @@ def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -
         return apply_updates(params, updates), opt_state, _metrics(where, loss, aux)
 
     step.__doc__ = f"One training step of {where}: (params, opt_state, batch, key) -> (params, opt_state, metrics)."
-    step.optimizer = optimizer  # read by fit(data_parallel=True) to check the grads are reduced
+    step.optimizer = optimizer  # type: ignore[attr-defined]  # read by fit(data_parallel=True) to check the grads are reduced
     return step
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import zlib
-from typing import Any
+from typing import IO, Any
 
 import torch
 
@@ -96,7 +96,9 @@ def _describe(x: Any, path: tuple, tensors: dict, paths: dict, where: str) -> di
         tensors[name] = x
         return {"t": "tensor", "name": name}
     if isinstance(x, TensorDict):
-        items = [[k, _describe(v, (*path, k), tensors, paths, where)] for k, v in x._data.items()]
+        items: list[Any] = [
+            [k, _describe(v, (*path, k), tensors, paths, where)] for k, v in x._data.items()
+        ]
         return {"t": "td", "batch": list(x.batch_size), "items": items}
     if isinstance(x, dict):
         for k in x:
@@ -222,7 +224,7 @@ def _written(t: torch.Tensor, path: str, seen: set, where: str) -> torch.Tensor:
 def _crc(t: torch.Tensor) -> int:
     if t.numel() == 0:
         return 0
-    return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy())
+    return zlib.crc32(t.reshape(-1).view(torch.uint8).numpy().data)
 
 
 def save(obj: Any, path: str, where: str = "functd.save") -> None:
@@ -245,7 +247,11 @@ def save(obj: Any, path: str, where: str = "functd.save") -> None:
         META_CRC: json.dumps({n: _crc(x) for n, x in out.items()}, separators=(",", ":")),
     }
     data = st.save(out, metadata=metadata)
-    atomic_write(path, lambda f: f.write(data), where)
+
+    def write(f: IO[bytes]) -> None:
+        f.write(data)
+
+    atomic_write(path, write, where)
 
 
 def _dtypes(st: Any) -> set:

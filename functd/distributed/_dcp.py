@@ -53,7 +53,7 @@ def _group_info(group: Any) -> tuple[bool, int]:
 
 
 def _barrier(group: Any) -> None:
-    kw = {}
+    kw: dict[str, Any] = {}
     if dist.get_backend(group) == "nccl":
         kw["device_ids"] = [torch.cuda.current_device()]
     dist.barrier(group, **kw)
