@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench gpu-check lint format clean venv docs typecheck
+.PHONY: demo test bench gpu-check lint format clean venv docs typecheck wheel-check
 
 venv: $(STAMP)
 
@@ -50,6 +50,12 @@ DOCS_STAMP := $(VENV)/.installed-docs
 $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[docs]"
 	touch $(DOCS_STAMP)
+
+# Build the sdist and wheel, twine-check them, install the wheel in a fresh venv and run
+# the README there (tools/check_wheel.py; about 2.5 minutes with pip's cache warm).
+wheel-check: $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[release]"
+	$(BIN)/python tools/check_wheel.py
 
 docs: $(DOCS_STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
