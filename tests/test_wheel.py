@@ -29,5 +29,5 @@ def test_the_wheel_installs_and_runs_the_readme_in_a_fresh_venv(tmp_path):
         timeout=1200,
     )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
-    assert "README: 9 python blocks ran" in run.stdout or "python blocks ran" in run.stdout
+    assert "python blocks ran" in run.stdout
     assert "functd 0." in run.stdout and "/venv/" in run.stdout
