@@ -101,3 +101,37 @@ def test_one_process_round_trip(tmp_path):
     back = fd.distributed.load(tmp_path / "c")
     fd.testing.assert_close(back["params"], tree["params"])
     assert back["params"].batch_size == torch.Size([3]) and back["meta"] == [None, 3, "s"]
+
+
+DCP_DTYPES = [
+    torch.float64,
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int64,
+    torch.int32,
+    torch.int16,
+    torch.int8,
+    torch.uint8,
+    torch.bool,
+    torch.complex64,
+    torch.complex128,
+]
+
+
+@pytest.mark.parametrize("dtype", DCP_DTYPES, ids=str)
+def test_every_dtype_round_trips_bitwise_through_dcp(tmp_path, dtype):
+    size = torch.empty((), dtype=dtype).element_size()
+    raw = torch.randint(0, 256, (6 * size,), dtype=torch.uint8)
+    x = (raw % 2 if dtype is torch.bool else raw).view(dtype).reshape(2, 3)  # NaN payloads too
+    tree = {"td": fd.TensorDict({"x": x, "y": x[:, :1]}, [2])}
+    fd.distributed.save(tree, tmp_path / "c")
+    for back in (
+        fd.distributed.load(tmp_path / "c"),
+        fd.distributed.load(tmp_path / "c", like=tree),
+    ):
+        for k in ("x", "y"):
+            got, want = back["td"][k], tree["td"][k]
+            assert got.dtype == dtype and torch.equal(
+                got.view(torch.uint8), want.contiguous().view(torch.uint8)
+            )
