@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench gpu-check lint format clean venv
+.PHONY: demo test bench gpu-check lint format clean venv docs typecheck wheel-check
 
 venv: $(STAMP)
 
@@ -38,11 +38,32 @@ gpu-check: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/python -m mypy
+
+# mypy over functd/ (config: [tool.mypy] in pyproject.toml; notes/typing.md)
+typecheck: $(STAMP)
+	$(BIN)/python -m mypy
+
+# The documentation site, built strictly into site/ (a broken link, a missing API name or
+# a failing example fails it). Installs the `docs` extra into .venv the first time.
+DOCS_STAMP := $(VENV)/.installed-docs
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+# Build the sdist and wheel, twine-check them, install the wheel in a fresh venv and run
+# the README there (tools/check_wheel.py; about 2.5 minutes with pip's cache warm).
+wheel-check: $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[release]"
+	$(BIN)/python tools/check_wheel.py
+
+docs: $(DOCS_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

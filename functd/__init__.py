@@ -49,8 +49,7 @@ from ._transforms._cuda_graph import CudaGraphWarning as CudaGraphWarning
 from ._transforms._cuda_graph import cuda_graph as cuda_graph
 from ._transforms._vmap import TransformError as TransformError
 from ._transforms._vmap import vmap as vmap
+from ._version import __version__ as __version__
 from .nn._param_extractor import NormalParamExtractor as NormalParamExtractor
-
-__version__ = "0.1.0"
 
 del _tree

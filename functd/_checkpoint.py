@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import os
+import shutil
 import warnings
 from typing import Any
 
@@ -42,7 +43,7 @@ from ._td._atomic import fsync_folder
 from ._td._io import load, save
 from ._td._tree import tree as fdtree
 
-__all__ = ["Checkpoints", "run_fingerprint"]
+__all__ = ["Checkpoints", "Files", "run_fingerprint"]
 
 FORMAT = 1  # the layout of the checkpoint dict; bumped when it changes
 _KEYS = ("params", "opt_state", "epoch", "step", "history", "run")
@@ -98,13 +99,37 @@ def _difference(saved: Any, mine: dict) -> str | None:
     return None
 
 
-class Checkpoints:
-    """The rotating checkpoint files of one ``fit`` call (see the module docstring)."""
+class Files:
+    """How checkpoints are written by default: one ``fd.save`` file each, by one process."""
 
-    def __init__(self, where: str, path: str | os.PathLike, keep: int) -> None:
+    collective = False  # every rank takes part in a write (DCP) or only one
+    folders = False  # a checkpoint is a folder
+
+    def main(self) -> bool:
+        return True
+
+    def exists(self, name: str) -> bool:
+        return os.path.exists(name)
+
+    def save(self, state: dict, name: str) -> None:
+        save(state, name)
+
+    def load(self, name: str, map_location: Any) -> Any:
+        return load(name, map_location=map_location)
+
+
+class Checkpoints:
+    """The rotating checkpoint files of one ``fit`` call (see the module docstring).
+
+    ``store`` writes and reads one checkpoint: ``Files()`` (``fd.save`` files), or
+    ``fd.distributed``'s DCP store for params that hold DTensors (each checkpoint a
+    folder every rank writes its shards into; rank 0 rotates them)."""
+
+    def __init__(self, where: str, path: str | os.PathLike, keep: int, store: Any = None) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"{where}: keep must be an int >= 1 (files kept), got {keep!r}.")
         self.where = where
+        self.store = Files() if store is None else store
         self.path = os.fspath(path)
         self.names = [self.path] + [f"{self.path}.{j}" for j in range(1, keep)]
         self.loaded: str | None = None  # the file ``latest`` resumed from
@@ -119,20 +144,22 @@ class Checkpoints:
             )
         if not os.access(folder, os.W_OK | os.X_OK):
             return f"the checkpoint folder {folder!r} is not writable"
-        if os.path.isdir(self.path):
+        if os.path.isdir(self.path) and not self.store.folders:
             return f"the checkpoint path {self.path!r} is a folder; give a file name in it"
         return None
 
     def write(self, state: dict) -> None:
         """Write ``state`` as the newest checkpoint and rotate the older ones."""
         tmp = self.path + ".tmp"
-        save(state, tmp)  # atomic and fsynced (functd/_td/_atomic.py): complete before rotating
+        self.store.save(state, tmp)  # atomic and fsynced: complete before rotating
+        if not self.store.main():  # DCP: the other ranks wrote their shards
+            return
         for j in range(len(self.names) - 1, 1, -1):
             if os.path.exists(self.names[j - 1]):
-                os.replace(self.names[j - 1], self.names[j])
+                _move(self.names[j - 1], self.names[j])
         if len(self.names) > 1 and os.path.exists(self.path):
             self._keep_previous()
-        os.replace(tmp, self.path)
+        _move(tmp, self.path)
         fsync_folder(os.path.dirname(os.path.abspath(self.path)))
 
     def _keep_previous(self) -> None:
@@ -143,8 +170,8 @@ class Checkpoints:
                 os.unlink(link)
             os.link(self.path, link)
             os.replace(link, self.names[1])
-        except OSError:  # no hard links on this file system: rename it
-            os.replace(self.path, self.names[1])
+        except OSError:  # no hard links on this file system, or a folder: rename it
+            _move(self.path, self.names[1])
 
     def latest(self, run: dict, map_location: Any = None) -> dict | None:
         """The newest checkpoint that loads, checked against ``run``; None when
@@ -154,10 +181,10 @@ class Checkpoints:
             ValueError: the newest loadable checkpoint is another run's.
         """
         for name in self.names:
-            if not os.path.exists(name):
+            if not self.store.exists(name):
                 continue
             try:
-                state = load(name, map_location=map_location)
+                state = self.store.load(name, map_location)
             except Exception as e:  # any unreadable file: try the one before
                 warnings.warn(
                     f"{self.where}: the checkpoint {name!r} could not be loaded and is skipped "
@@ -181,3 +208,10 @@ class Checkpoints:
                 "fd.load and pass its params to a new fit."
             )
         return state
+
+
+def _move(src: str, dst: str) -> None:
+    """``os.replace``, also of a folder onto an older checkpoint folder."""
+    if os.path.isdir(dst) and not os.path.islink(dst):
+        shutil.rmtree(dst)
+    os.replace(src, dst)

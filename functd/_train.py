@@ -32,6 +32,7 @@ from ._checkpoint import Checkpoints, run_fingerprint
 from ._td import TensorDict, _new
 from ._td._shape import cat, stack
 from ._transforms._autodiff import loss_and_grad
+from .distributed._dcp import ShardedStore, holds_dtensors
 from .distributed._faults import CollectiveError
 from .distributed._fit import DataParallel, sized
 from .optim._base import GradientTransformation, apply_updates
@@ -100,7 +101,7 @@ def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -
         return apply_updates(params, updates), opt_state, _metrics(where, loss, aux)
 
     step.__doc__ = f"One training step of {where}: (params, opt_state, batch, key) -> (params, opt_state, metrics)."
-    step.optimizer = optimizer  # read by fit(data_parallel=True) to check the grads are reduced
+    step.optimizer = optimizer  # type: ignore[attr-defined]  # read by fit(data_parallel=True) to check the grads are reduced
     return step
 
 
@@ -134,7 +135,8 @@ def fit(
     Args:
         step: ``step(params, opt_state, batch, key)``, e.g. from :func:`train_step`
             (compiled or vmapped is fine).
-        params, opt_state: the starting values (not modified).
+        params: the starting params (not modified).
+        opt_state: the starting optimizer state (not modified).
         batches: a re-iterable of batches (a list, a DataLoader), or a function
             ``epoch -> iterable`` (e.g. to reshuffle with ``fd.random``).
         key: a PRNG key; step ``i`` (counted over all epochs) gets
@@ -159,7 +161,11 @@ def fit(
             fingerprint) is written there with ``fd.save`` (by rank 0 only when
             data-parallel), the older ones rotating to ``path.1``, ...; the
             folder must exist and be writable (checked before the first step).
-            ``fd.load(path)["params"]`` reads it anywhere.
+            ``fd.load(path)["params"]`` reads it anywhere. When the params or state
+            hold DTensors (``fd.distributed.shard``), each checkpoint is a folder
+            written by every rank through torch.distributed.checkpoint
+            (``fd.distributed.save``), resumable with another sharding or number of
+            ranks; ``fd.distributed.load(path)["params"]`` reads it.
         resume: continue from the newest checkpoint that loads (``path``, else
             ``path.1``...): the result is bitwise the uninterrupted run's. No
             checkpoint yet: a fresh start. A checkpoint of another run (other
@@ -196,7 +202,9 @@ def fit(
     where = "fd.fit(data_parallel=True)" if data_parallel else "fd.fit"
     _check_args(epochs, batches, checkpoint, resume)
     dp = DataParallel(where, step, timeout) if data_parallel else None
-    ckpts = None if checkpoint is None else Checkpoints(where, checkpoint, keep)
+    sharded = {"params": params, "opt_state": opt_state}
+    store = ShardedStore(sharded) if checkpoint and holds_dtensors(sharded) else None  # DCP
+    ckpts = None if checkpoint is None else Checkpoints(where, checkpoint, keep, store)
     run = None if ckpts is None else run_fingerprint(params, opt_state, epochs, key)
     problem, state = _restore(ckpts, run, resume, params, data_parallel)
     if state is not None:
@@ -313,7 +321,7 @@ class _Loop:
 
     def save(self, epoch: int, params, opt_state) -> None:
         dp = self.dp
-        if dp is None or dp.main:
+        if dp is None or dp.main or self.ckpts.store.collective:  # DCP: every rank writes
             state = {
                 "params": params,
                 "opt_state": opt_state,

@@ -259,7 +259,8 @@ def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Te
     """Sample raw random bits, like ``jax.random.bits``.
 
     Args:
-        key, shape: as for :func:`uniform`.
+        key: as for :func:`uniform`.
+        shape: as for :func:`uniform`.
         dtype: ``torch.{u,}int{8,16,32,64}``, the bit width (signed dtypes hold
             the bit pattern of jax's unsigned value).
 
@@ -365,7 +366,9 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
     """Sample standard normals like ``jax.random.normal``.
 
     Args:
-        key, shape, dtype: as for :func:`uniform`.
+        key: as for :func:`uniform`.
+        shape: as for :func:`uniform`.
+        dtype: as for :func:`uniform`.
 
     Returns:
         ``sqrt(2) * erf_inv(uniform(key, shape, dtype, nextafter(-1, 0), 1))``, with
@@ -396,7 +399,9 @@ def gumbel(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
     """Sample standard Gumbels like ``jax.random.gumbel`` (``mode="low"``).
 
     Args:
-        key, shape, dtype: as for :func:`uniform`.
+        key: as for :func:`uniform`.
+        shape: as for :func:`uniform`.
+        dtype: as for :func:`uniform`.
 
     Returns:
         ``-log(-log(uniform(key, shape, dtype, tiny, 1)))``.
@@ -418,7 +423,9 @@ def exponential(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float
     """Sample standard exponentials like ``jax.random.exponential``.
 
     Args:
-        key, shape, dtype: as for :func:`uniform`.
+        key: as for :func:`uniform`.
+        shape: as for :func:`uniform`.
+        dtype: as for :func:`uniform`.
 
     Returns:
         ``-log1p(-uniform(key, shape, dtype))``.
@@ -445,8 +452,10 @@ def truncated_normal(
     """Sample normals truncated to ``(lower, upper)``, like ``jax.random.truncated_normal``.
 
     Args:
-        key, dtype: as for :func:`uniform`.
-        lower, upper: the bounds, numbers or tensors.
+        key: as for :func:`uniform`.
+        dtype: as for :func:`uniform`.
+        lower: the lower bound, a number or a tensor.
+        upper: the upper bound, a number or a tensor.
         shape: the sample shape; default: ``lower`` and ``upper`` broadcast.
 
     Returns:
@@ -571,8 +580,12 @@ def randint(
     clipped to the dtype; ``maxval <= minval`` gives ``minval``.
 
     Args:
-        key, shape: as for :func:`uniform`.
-        minval, maxval: the bounds, ints or integer tensors broadcasting to ``shape``.
+        key: as for :func:`uniform`.
+        shape: as for :func:`uniform`.
+        minval: the lower bound (included), an int or an integer tensor broadcasting to
+            ``shape``.
+        maxval: the upper bound (excluded), an int or an integer tensor broadcasting to
+            ``shape``.
         dtype: torch.int8, int16, int32, int64 or uint8.
 
     Returns:

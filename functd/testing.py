@@ -77,9 +77,9 @@ def _check_batch_sizes(a: Any, e: Any, path: tuple) -> None:
         for k in a.keys():  # noqa: SIM118 (iterating a TensorDict walks its batch)
             _check_batch_sizes(a[k], e[k], (*path, k))
     elif isinstance(a, dict | list | tuple) and type(a) is type(e):
-        items = a.items() if isinstance(a, dict) else enumerate(a)
-        for k, v in items:
-            _check_batch_sizes(v, e[k], (*path, k))
+        items: Any = a.items() if isinstance(a, dict) else enumerate(a)
+        for j, v in items:
+            _check_batch_sizes(v, e[j], (*path, j))
 
 
 def example_tensordicts() -> dict[str, TensorDict]:
@@ -114,7 +114,7 @@ EXAMPLES = tuple(example_tensordicts())
 
 
 # ------------------------------------------------------------------ hypothesis
-def batch_shapes(max_dims: int = 3, max_side: int = 4):
+def batch_shapes(max_dims: int = 3, max_side: int = 4) -> Any:  # a SearchStrategy
     """Strategy of batch shapes: tuples of up to ``max_dims`` sizes in ``[1, max_side]``."""
     from hypothesis import strategies as st
 
@@ -135,14 +135,15 @@ def tensordicts(
     max_feature_dims: int = 2,
     max_side: int = 3,
     max_extra_dims: int = 0,
-):
+) -> Any:  # a hypothesis SearchStrategy of TensorDicts
     """Hypothesis strategy of TensorDicts.
 
     Args:
         batch_shape: a fixed batch shape, a strategy of shapes, or None for
             ``batch_shapes()``.
         max_depth: nesting depth (1 means no nested TensorDict).
-        min_keys, max_keys: number of entries per level.
+        min_keys: least number of entries per level.
+        max_keys: largest number of entries per level.
         dtypes: dtypes drawn for the leaves (floating, integer or bool).
         devices: devices drawn for the leaves (one per TensorDict).
         max_feature_dims: feature dims of each leaf, after the batch dims.

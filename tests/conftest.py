@@ -35,6 +35,11 @@ def _seed():
 
 
 def pytest_collection_modifyitems(config, items):
+    if os.environ.get("FUNCTD_SLOW") != "1":  # slow: minutes each (tests/test_wheel.py)
+        slow = pytest.mark.skip(reason="slow: set FUNCTD_SLOW=1 to run it")
+        for item in items:
+            if "slow" in item.keywords:
+                item.add_marker(slow)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs CUDA")

@@ -43,6 +43,7 @@ def room(mod: str) -> str:
         "_fused",
         "_fused_c",
         "_erfinv",
+        "_version",
     }:
         return "base"
     sub = parts[1] if len(parts) > 1 else ""

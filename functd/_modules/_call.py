@@ -73,6 +73,9 @@ class Options:
     stateful steps return their new running statistics)."""
 
     __slots__ = ("collect", "interaction", "key")
+    collect: Any
+    interaction: Any
+    key: Any
 
     def __init__(self, key: Any = None, interaction: Any = None, collect: bool = False) -> None:
         self.key, self.interaction, self.collect = key, interaction, collect
@@ -105,7 +108,7 @@ class Frozen:
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._identity() == other._identity()  # type: ignore[attr-defined]
+        return type(other) is type(self) and self._identity() == other._identity()
 
     def __hash__(self) -> int:
         return hash((type(self).__name__, self._identity()))
@@ -217,7 +220,7 @@ class ModuleKind(Frozen):
         *args: torch.Tensor,
         key: Any = None,
         **tensors: torch.Tensor,
-    ):
+    ) -> Any:  # a TensorDict for a td call; the out tensor(s) for a tensor call
         """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``.
 
         ``m(params, x, h)``: tensors in ``in_keys`` order (tensordict's positional
@@ -374,7 +377,7 @@ def get_path(data: dict, key: tuple) -> Any:
 
 
 def missing_input(m: Any, key: Key, data: dict):
-    out = []
+    out = []  # type: ignore[var-annotated]
     for k, v in data.items():
         if type(v) is TensorDict:
             out.extend((k, *(sk if isinstance(sk, tuple) else (sk,))) for sk in v.keys(True, True))

@@ -132,7 +132,7 @@ class CompositeDistribution(D.Distribution, Mapping):
                     f"keyword arguments of {getattr(cls, '__name__', cls)} (e.g. "
                     f"{{'loc': ..., 'scale': ...}}), got a {type(kw).__name__}."
                 )
-            dists[names[name]] = cls(**dict(kw.items()), **extra.get(name, {}))
+            dists[names[name]] = cls(**dict(kw.items()), **extra.get(name, {}))  # type: ignore[arg-type]
         self._init(params.batch_size, dists, log_prob_key, entropy_key)
 
     def _init(self, batch, dists, log_prob_key, entropy_key, lp_keys=None) -> None:
@@ -182,25 +182,25 @@ class CompositeDistribution(D.Distribution, Mapping):
         return f"CompositeDistribution({self.dists})"
 
     # ------------------------------------------------------------- values
-    def sample(self, key: Tensor, sample_shape: Sequence[int] = ()) -> TensorDict:
+    def sample(self, key: Tensor, sample_shape: Sequence[int] = ()) -> TensorDict:  # type: ignore[override]
         """A TensorDict of draws (batch ``sample_shape + batch_shape``); component ``i``
         draws under ``fold_in(key, i)``, reparameterised where it can be."""
         shape = torch.Size(sample_shape)
         vals = {k: draw(d, fold_in(key, i), shape) for i, (k, d) in enumerate(self.dists.items())}
         return _td(vals, shape + self.batch_shape)
 
-    rsample = sample
+    rsample = sample  # type: ignore[assignment]
     _keyed_sample = sample  # what fd's draw() dispatches to
 
     def _value(self, it: InteractionType) -> TensorDict:
         return _td({k: value(d, it, None) for k, d in self.dists.items()}, self.batch_shape)
 
     @property
-    def mode(self) -> TensorDict:
+    def mode(self) -> TensorDict:  # type: ignore[override]
         return self._value(InteractionType.MODE)
 
     @property
-    def mean(self) -> TensorDict:
+    def mean(self) -> TensorDict:  # type: ignore[override]
         return self._value(InteractionType.MEAN)
 
     @property
@@ -216,7 +216,7 @@ class CompositeDistribution(D.Distribution, Mapping):
                 f"CompositeDistribution.{what}: the tensordict lacks the sample {E.fmt_key(k)}; "
                 f"it has {have}. Pass a TensorDict with one entry per component."
             )
-        return x
+        return x  # type: ignore[return-value]
 
     def log_prob_composite(self, sample: TensorDict, *, include_sum: bool = False) -> TensorDict:
         """A new TensorDict (batch of ``sample``) of ``<key>_log_prob`` entries, and with
@@ -226,22 +226,22 @@ class CompositeDistribution(D.Distribution, Mapping):
             lp = d.log_prob(self._get(sample, k, "log_prob"))
             vals[self._lp_keys.get(k, add_suffix(k, "_log_prob"))] = lp
             if include_sum:
-                total = total + _event_sum(lp, sample.batch_dims)
+                total = total + _event_sum(lp, sample.batch_dims)  # type: ignore[assignment]
         if include_sum:
             vals[self.log_prob_key] = total
         return _td(vals, sample.batch_size)
 
-    def log_prob(self, sample: TensorDict, *, aggregate: bool = False) -> TensorDict | Tensor:
+    def log_prob(self, sample: TensorDict, *, aggregate: bool = False) -> TensorDict | Tensor:  # type: ignore[override]
         """``<key>_log_prob`` entries (a TensorDict), or with ``aggregate`` their sum over the
         components and event dims (a tensor of the sample's batch shape)."""
         if not aggregate:
             return self.log_prob_composite(sample)
         total = 0.0
         for k, d in self.dists.items():
-            total = total + _event_sum(
+            total = total + _event_sum(  # type: ignore[assignment]
                 d.log_prob(self._get(sample, k, "log_prob")), sample.batch_dims
             )
-        return total
+        return total  # type: ignore[return-value]
 
     def _entropy(self, d: D.Distribution, samples_mc: int, key: Tensor | None) -> Tensor:
         try:
@@ -264,12 +264,12 @@ class CompositeDistribution(D.Distribution, Mapping):
             e = self._entropy(d, samples_mc, None if key is None else fold_in(key, i))
             vals[add_suffix(k, "_entropy")] = e
             if include_sum:
-                total = total + _event_sum(e, n)
+                total = total + _event_sum(e, n)  # type: ignore[assignment]
         if include_sum:
-            vals[self.entropy_key] = total
+            vals[self.entropy_key] = total  # type: ignore[assignment]
         return _td(vals, self.batch_shape)
 
-    def entropy(
+    def entropy(  # type: ignore[override]
         self, samples_mc: int = 1, *, aggregate: bool = False, key: Tensor | None = None
     ) -> TensorDict | Tensor:
         """``<key>_entropy`` entries, or with ``aggregate`` their sum (over event dims too)."""
@@ -277,7 +277,7 @@ class CompositeDistribution(D.Distribution, Mapping):
         if not aggregate:
             return td
         n = len(self.batch_shape)
-        return sum(_event_sum(e, n) for e in td.values(True, True))
+        return sum(_event_sum(e, n) for e in td.values(True, True))  # type: ignore[return-value]
 
 
 def sample_shape(num_samples: Any, label: str) -> tuple[int, ...] | None:

@@ -348,7 +348,7 @@ def draw(dist: D.Distribution, key: Tensor, sample_shape: tuple[int, ...] = ()) 
         return x
     delta = _delta_type()
     if delta is not None and type(dist) is delta:
-        return dist.param.expand(shape)
+        return dist.param.expand(shape)  # type: ignore[attr-defined]
     raise UnsupportedDistribution(
         f"cannot draw from {type(dist).__name__} with an explicit key; supported: "
         f"{', '.join(SUPPORTED)}. Use InteractionType.DETERMINISTIC, MODE or MEAN "
@@ -367,7 +367,7 @@ def _device(dist: D.Distribution) -> torch.device:
 # ------------------------------------------------------------------ values
 def _deterministic(dist: D.Distribution) -> Tensor:
     if hasattr(type(dist), "deterministic_sample"):
-        return dist.deterministic_sample
+        return dist.deterministic_sample  # type: ignore[attr-defined]
     if isinstance(dist, D.Independent):
         return _deterministic(dist.base_dist)
     if type(dist) is D.TransformedDistribution:
@@ -412,7 +412,7 @@ def value(
     if interaction is InteractionType.DETERMINISTIC:
         return _deterministic(dist)
     if interaction is InteractionType.RANDOM:
-        return draw(dist, key)
+        return draw(dist, key)  # type: ignore[arg-type]
     if interaction is InteractionType.MODE:
         return _attr(dist, "mode")
     if interaction is InteractionType.MEDIAN:

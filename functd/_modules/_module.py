@@ -129,6 +129,19 @@ class Module(ModuleKind):
         "in_keys",
         "out_keys",
     )
+    _defaults: Any
+    _fn: Any
+    _has_params: Any
+    _held: Any
+    _kind: Any
+    _kwargs: Any
+    _out_all: Any
+    _plain: Any
+    _random: Any
+    _run: Any
+    _slots: Any
+    _source: Any
+    _stateful: Any
     _FROZEN_HINT = "build a new Module instead."
 
     def __init__(
@@ -153,7 +166,7 @@ class Module(ModuleKind):
                     f"Module: a dict in_keys maps td keys to argument names (str); got "
                     f"argument name(s) {bad!r}. With {{argument: td_key}} pass out_to_in_map=True."
                 )
-            kwargs = tuple(plain_str(a) for a in kwargs)  # a str subclass: its value
+            kwargs = tuple(plain_str(a) for a in kwargs)  # type: ignore[arg-type]  # a str subclass: its value
         elif out_to_in_map is not None:
             raise ValueError(
                 "Module: out_to_in_map only applies to a dict in_keys ({td_key: argument} or, "
@@ -169,7 +182,7 @@ class Module(ModuleKind):
         if not outs:
             raise ValueError("Module needs at least one out_key.")
         if kwargs is not None and len(set(kwargs)) != len(kwargs):
-            dup = sorted({a for a in kwargs if kwargs.count(a) > 1})
+            dup = sorted({a for a in kwargs if kwargs.count(a) > 1})  # type: ignore[misc]
             raise ValueError(
                 f"Module: in_keys gives the argument(s) {dup} more than one td key; each "
                 "argument takes one entry."
@@ -365,7 +378,7 @@ class Module(ModuleKind):
         key = None if opts is None else opts.key
         args = []
         for k in self.in_keys:
-            v = data.get(k, _NOPE) if type(k) is str else get_path(data, k)
+            v = data.get(k, _NOPE) if type(k) is str else get_path(data, k)  # type: ignore[arg-type]
             if v is _NOPE:
                 missing_input(self, k, data)
             args.append(v)
@@ -376,8 +389,8 @@ class Module(ModuleKind):
             if self._has_params:
                 if type(params) is not TensorDict:
                     bad_params(self, params)
-                if params._checked is not fn:  # DTensor params: plain inputs replicated
-                    args = _placed_inputs(self, params, args)
+                if params._checked is not fn:  # type: ignore[union-attr]  # DTensor params: plain inputs replicated
+                    args = _placed_inputs(self, params, args)  # type: ignore[arg-type]
                 if self._held:
                     raise_held(self, params)
                 p = params

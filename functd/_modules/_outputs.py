@@ -89,7 +89,7 @@ def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
                 "another key."
             )
         try:
-            new = _set_path(child, key[1:], value, 1, check=False, prefix=(key[0],))
+            new = _set_path(child, key[1:], value, 1, check=False, prefix=(key[0],))  # type: ignore[arg-type]
         except KeyError as e:
             raise KeyError(
                 f"{m._label()}: {e.args[0]} Write the output under another key."

@@ -43,13 +43,13 @@ def from_module(module: Any) -> TensorDict:
         if module.has_params:
             if not param_sources(module)[1]:  # a FunctionalCall inside: no init either
                 raise TypeError(
-                    f"fd.from_module: {module._label()} wraps {module.fn!r}, a layer made from "
+                    f"fd.from_module: {module._label()} wraps {module.fn!r}, a layer made from "  # type: ignore[attr-defined]
                     "a torch module (fd.nn.lower keeps the config, never the weights). Pass the "
                     "torch module itself, fd.Module(net, in_keys, out_keys): fd.from_module "
                     "reads its weights."
                 )
             raise TypeError(
-                f"fd.from_module: {module._label()} wraps the functd layer {module.fn!r}, not a "
+                f"fd.from_module: {module._label()} wraps the functd layer {module.fn!r}, not a "  # type: ignore[attr-defined]
                 "torch module, so it holds no weights; create them with m.init(fd.random.key(0))."
             )
         return _new({}, torch.Size([]))
@@ -75,7 +75,7 @@ def to_module(params: TensorDict, module: Any) -> Any:
         if kids:
             for name, m in kids:
                 if m.has_params:
-                    to_module(params[name], m)
+                    to_module(params[name], m)  # type: ignore[arg-type]
             return module
         source = module.torch_source()
         if source is None:

@@ -114,6 +114,8 @@ class Placed:
     """The ``_checked`` mark of params that passed a layer's check and hold DTensors."""
 
     __slots__ = ("fn", "mesh")
+    fn: Any
+    mesh: Any
 
     def __init__(self, fn: Any, mesh: Any) -> None:
         self.fn, self.mesh = fn, mesh

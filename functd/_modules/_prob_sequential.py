@@ -36,7 +36,7 @@ from ._sequential import SequenceKind, Sequential
 __all__ = ["ProbabilisticSequential"]
 
 
-class ProbabilisticSequential(_Drawing, SequenceKind):
+class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
     """A Sequential whose probabilistic heads draw under one interaction type and key.
 
     Modules compute the distribution parameters; each ``Probabilistic`` head writes
@@ -69,6 +69,9 @@ class ProbabilisticSequential(_Drawing, SequenceKind):
     """
 
     __slots__ = ("_heads", "_sample_dims", "return_composite")
+    _heads: Any
+    _sample_dims: Any
+    return_composite: Any
     _FROZEN_HINT = "select_out_keys(...) and indexing return new ProbabilisticSequentials."
 
     def __init__(
@@ -111,7 +114,7 @@ class ProbabilisticSequential(_Drawing, SequenceKind):
 
     def _child_run(self, m: ModuleKind) -> Any:
         # a head with num_samples draws once per sample: the call vmaps this loop (many)
-        return m._draw if _is_head(m) and m.num_samples is not None else m._run
+        return m._draw if _is_head(m) and m.num_samples is not None else m._run  # type: ignore[attr-defined]
 
     def _rebuild(self, modules: Any, selected: Any, names: Any) -> SequenceKind:
         return ProbabilisticSequential(
@@ -248,4 +251,4 @@ def _sample_of(head: Probabilistic, td: TensorDict) -> Tensor:
             f"{head._label()}.log_prob: the tensordict lacks the sample "
             f"{E.fmt_key(head.sample_key)} to score; it has {E.fmt_keys(td.keys(True, True))}."
         )
-    return x
+    return x  # type: ignore[return-value]

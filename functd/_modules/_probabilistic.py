@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -84,6 +84,11 @@ class _Drawing:
     kinds read it); ``_sample_dims`` (a head's ``num_samples``) makes the call the
     one-sample call ``_one`` vmapped over ``fd.random.split(key, n)``."""
 
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _label: Any
+        _one: Any
+        _sample_dims: Any
+
     __slots__ = ()
 
     def __call__(
@@ -95,7 +100,7 @@ class _Drawing:
         key: Any = None,
         interaction: InteractionType | str | None = None,
         **tensors: Tensor,
-    ):
+    ) -> Any:  # a TensorDict for a td call; the out tensor(s) for a tensor call
         """``m(params, td, key=None, interaction=None)`` -> new td with the value(s)
         (and log-probs); with ``num_samples``: every output gets the sample dims."""
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
@@ -145,7 +150,7 @@ class _Drawing:
         return _apply_with_state(self, params, td, Options(key, _explicit(interaction, self), True))
 
 
-class Probabilistic(_Drawing, ModuleKind):
+class Probabilistic(_Drawing, ModuleKind):  # type: ignore[misc]
     """Build a distribution from td entries and write a value from it (no parameters).
 
     Args:
@@ -209,6 +214,25 @@ class Probabilistic(_Drawing, ModuleKind):
         "sample_key",
         "sample_keys",
     )
+    _composite: Any
+    _dist_kwargs: Any
+    _dkw: Any
+    _fn: Any
+    _names: Any
+    _normal: Any
+    _run: Any
+    composite_lp_aggregate: Any
+    default_interaction_type: Any
+    distribution_class: Any
+    in_keys: Any
+    log_prob_key: Any
+    log_prob_keys: Any
+    n_empirical_estimate: Any
+    num_samples: Any
+    out_keys: Any
+    return_log_prob: Any
+    sample_key: Any
+    sample_keys: Any
 
     def __init__(
         self,
@@ -397,7 +421,7 @@ class Probabilistic(_Drawing, ModuleKind):
                 f"{self._label()}.log_prob: the tensordict lacks the sample "
                 f"{E.fmt_key(self.sample_key)} to score; it has {E.fmt_keys(td.keys(True, True))}."
             )
-        return dist.log_prob(x)
+        return dist.log_prob(x)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- call
     # __call__: _Drawing's

@@ -84,6 +84,22 @@ class SequenceKind(ModuleKind):
         "out_keys",
         "selected_out_keys",
     )
+    _all_out: Any
+    _drop: Any
+    _nparams: Any
+    _param_names: Any
+    _plain: Any
+    _plan_mru: Any
+    _plans: Any
+    _random: Any
+    _run: Any
+    _stateful: Any
+    _steps: Any
+    in_keys: Any
+    modules: Any
+    names: Any
+    out_keys: Any
+    selected_out_keys: Any
 
     def __init__(
         self,
@@ -295,7 +311,7 @@ class SequenceKind(ModuleKind):
             new = type(self)(*mods_kept, _names=names)
         except TypeError:  # a subclass that needs a module dropped here (a probabilistic head)
             new = Sequential(*mods_kept, _names=names)
-        return new._takes_params_of(self)
+        return new._takes_params_of(self)  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- params
     def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
@@ -311,7 +327,7 @@ class SequenceKind(ModuleKind):
         *args: torch.Tensor,
         key: Any = None,
         **tensors: torch.Tensor,
-    ):
+    ) -> Any:  # a TensorDict for a td call; the out tensor(s) for a tensor call
         """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``;
         ``seq(params, x, h)``: tensors in ``in_keys`` order (positional dispatch)."""
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
@@ -383,7 +399,7 @@ class SequenceKind(ModuleKind):
             if i == stop:
                 break
             p = self._child_params(params, pdata, name, m) if has_p else None
-            o = opts.with_key(fold_in(key, idx)) if rnd and key is not None else opts
+            o = opts.with_key(fold_in(key, idx)) if rnd and key is not None else opts  # type: ignore[union-attr]
             if visit is not None and visit(i, m, data, o):
                 continue
             s = run(p, data, bs, o)
@@ -399,7 +415,7 @@ class SequenceKind(ModuleKind):
     ) -> TensorDict | None:
         pdata = params._data if type(params) is TensorDict else None
         if pdata is not None and len(pdata) > self._nparams:
-            self._extra_params(params)
+            self._extra_params(params)  # type: ignore[arg-type]
         if opts is None and pdata is not None:
             try:  # the hot path: default options, params given
                 for name, run, drop in self._plain:
@@ -423,9 +439,9 @@ class SequenceKind(ModuleKind):
         p = pdata.get(name) if pdata is not None else None
         if p is None:
             self._bad_params(params, name, m)
-        if len(pdata) > self._nparams:
+        if len(pdata) > self._nparams:  # type: ignore[arg-type]
             self._extra_params(params)
-        return p
+        return p  # type: ignore[return-value]
 
     def _drop_unselected(self, data: dict) -> None:
         for k in self._drop:

@@ -233,8 +233,8 @@ def layer_with_training(obj: Layer, training: bool) -> Layer:
             return obj
         return FunctionalCall(copy.deepcopy(obj.module).train(training))  # a meta copy
     fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else ()
-    if "training" in fields and obj.training != training:
-        return dataclasses.replace(obj, training=training)
+    if "training" in fields and obj.training != training:  # type: ignore[attr-defined]
+        return dataclasses.replace(obj, training=training)  # type: ignore[type-var]
     return obj
 
 

@@ -38,6 +38,7 @@ class Trainable:
     """
 
     __slots__ = ("held",)
+    held: Any
 
     def __init__(self, held: frozenset[Path] = frozenset()) -> None:
         object.__setattr__(self, "held", frozenset(held))

@@ -87,9 +87,9 @@ def one_mesh(where: str, items: Any) -> Any:
         v = _base(v)
         if isinstance(v, t):
             if first is None:
-                first = (k, v.device_mesh)
-            elif v.device_mesh != first[1]:
-                raise mixed_mesh_error(where, first[0], first[1], k, v.device_mesh)
+                first = (k, v.device_mesh)  # type: ignore[attr-defined]
+            elif v.device_mesh != first[1]:  # type: ignore[attr-defined]
+                raise mixed_mesh_error(where, first[0], first[1], k, v.device_mesh)  # type: ignore[attr-defined]
     return None if first is None else first[1]
 
 
@@ -125,7 +125,7 @@ def _from_local(m: Any, i: int, a: Any, mesh: Any, DTensor: Any, Replicate: Any)
         if m is None:
             where, key = "fd.distributed.replicate", "x"
         else:
-            where, key = m._label(), (m.in_keys[i] if i < len(m.in_keys) else i)
+            where, key = m._label(), (m.in_keys[i] if i < len(m.in_keys) else i)  # type: ignore[assignment]
         raise TypeError(
             f"{where}: input {E.fmt_key(key)} is a plain tensor mapped or differentiated "
             "by a torch.func transform (fd.vmap / fd.grad with respect to it), which cannot "

@@ -34,6 +34,7 @@ from typing import Any
 import optree
 import torch
 
+from . import _safetensors
 from ._archive import pickle_member, verify
 from ._atomic import atomic_write
 from ._tensordict import TensorDict
@@ -56,6 +57,12 @@ def _compact(t: Any) -> Any:
 def save(obj: Any, path: str | os.PathLike) -> None:
     """Save a TensorDict (or a pytree of tensors and TensorDicts) to ``path``, atomically.
 
+    A path ending in ``.safetensors`` writes the safetensors format (needs the
+    ``safetensors`` package): ``state_dict``-style dotted names that
+    ``safetensors.torch.load_file`` + ``nn.Module.load_state_dict`` read, the tree and
+    batch sizes in the metadata, a CRC-32 per tensor; any other path writes torch's
+    zip format (``torch.save``), which holds any dtype and any pytree.
+
     Only what the tree holds is written: a leaf that views a larger tensor
     (``x[:10]``) is saved as a copy of those elements, not with the storage
     it shares. (Leaves that shared a storage are loaded as separate tensors.)
@@ -72,10 +79,18 @@ def save(obj: Any, path: str | os.PathLike) -> None:
     Raises:
         FileNotFoundError: the folder of ``path`` does not exist.
         IsADirectoryError: ``path`` is a folder.
+        TypeError: a ``.safetensors`` path and a leaf the format cannot hold (a DTensor,
+            a dtype it lacks such as complex128, an object that is not a tensor, None,
+            bool, int, float or str); the message names the key path.
+        ModuleNotFoundError: a ``.safetensors`` path without the safetensors package.
 
     Example:
         >>> fd.save({"params": params, "opt_state": opt_state}, "ckpt.pt")
+        >>> fd.save(params, "model.safetensors")   # read by torch, HF and others
     """
+    if isinstance(path, str | bytes | os.PathLike) and os.fsdecode(path).endswith(".safetensors"):
+        _safetensors.save(obj, os.fsdecode(path))
+        return
     obj = optree.tree_map(_compact, obj, namespace=NAMESPACE)
     if not isinstance(path, str | bytes | os.PathLike):  # a file-like object: no atomicity
         torch.save(obj, path)
@@ -112,6 +127,13 @@ def _from_tensordict(obj: Any) -> Any:
 def load(path: str | os.PathLike, map_location: Any = None) -> Any:
     """Load what ``save`` wrote, verified, with ``torch.load(weights_only=True)``.
 
+    A safetensors file (its name ends in ``.safetensors``, or its first bytes say so)
+    gives back the tree ``fd.save`` wrote (its CRC-32s checked), or, written by another
+    tool (an HF ``model.safetensors``), a nested TensorDict of batch size ``[]`` split
+    at the dots of its names: the params ``fd.from_module`` gives for that model
+    (without the non-persistent buffers, which the file does not hold).
+    ``map_location`` is then a device.
+
     Before anything is unpickled the file is checked (``_archive.verify``): it
     must be a regular file (a FIFO, a device or a folder is refused without
     being read), a zip archive as torch.save writes it, with every member inside
@@ -133,6 +155,7 @@ def load(path: str | os.PathLike, map_location: Any = None) -> Any:
 
     Example:
         >>> params = fd.load("params.pt", map_location="cpu")
+        >>> hf_params = fd.load("model.safetensors")   # e.g. written by save_pretrained
     """
     if not isinstance(path, str | bytes | os.PathLike):  # a file-like object
         where = f"functd.load(<{type(path).__name__}>)"
@@ -143,6 +166,8 @@ def load(path: str | os.PathLike, map_location: Any = None) -> Any:
     path = os.fsdecode(path)
     where = f"functd.load({path!r})"
     _check_kind(path, _stat(path, where), where)
+    if _safetensors.is_safetensors(path):
+        return _safetensors.load(path, map_location, where)
     fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(f.fileno())

@@ -63,7 +63,7 @@ def _split(td: TensorDict, keep: Filter, prefix: tuple) -> tuple[TensorDict, Ten
                 a[k] = va
             if vb._data:
                 b[k] = vb
-        elif keep(path, v):
+        elif keep(path, v):  # type: ignore[arg-type]
             a[k] = v
         else:
             b[k] = v

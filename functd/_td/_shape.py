@@ -299,8 +299,9 @@ def _infer_shape(shape: tuple, numel) -> torch.Size:
         for s in shape:
             if s != -1:
                 known *= s
-        shape = list(shape)
-        shape[unknown[0]] = numel // known if known else 0
+        filled = list(shape)
+        filled[unknown[0]] = numel // known if known else 0
+        return torch.Size(filled)
     return torch.Size(shape)
 
 

@@ -17,8 +17,9 @@ Example:
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar, overload
 
 import torch
 
@@ -29,6 +30,9 @@ from ._key import _check_key, plain_str
 from ._repr import td_repr
 
 Key = str | tuple[str, ...]
+_T = TypeVar("_T")
+# an index of the batch dims (anything but a key): td[0], td[1:3], td[mask], td[..., 0]
+_BatchIndex = int | slice | torch.Tensor | list[Any] | types.EllipsisType | None | tuple[Any, ...]
 _MISSING = object()  # "no default given"
 _ABSENT = object()  # a default that no entry can be
 
@@ -94,6 +98,8 @@ class TensorDict:
     """
 
     __slots__ = ("_batch_size", "_checked", "_data", "_spec")
+    _checked: Any
+    _spec: Any
 
     _data: dict[str, torch.Tensor | TensorDict]
     _batch_size: torch.Size
@@ -185,6 +191,11 @@ class TensorDict:
         """True when the TensorDict holds no tensor (nested empty TensorDicts count as none)."""
         return next(_leaves(self), None) is None
 
+    @overload
+    def get(self, key: Key) -> torch.Tensor | TensorDict: ...
+    @overload
+    def get(self, key: Key, default: _T) -> torch.Tensor | TensorDict | _T: ...
+
     def get(self, key: Key, default: Any = _MISSING) -> Any:
         """Return the entry at ``key`` (str or tuple path), or ``default`` if given.
 
@@ -199,7 +210,7 @@ class TensorDict:
                 return default
             raise KeyError(E.missing_key(key, (), self._data, None))
         path = _check_key(key)
-        node: TensorDict = self
+        node: Any = self
         for i, part in enumerate(path):
             if not isinstance(node, TensorDict):
                 if default is not _MISSING:
@@ -213,7 +224,14 @@ class TensorDict:
             node = value
         return node
 
+    @overload
+    def __getitem__(self, index: str | tuple[str, ...]) -> torch.Tensor | TensorDict: ...
+    @overload
+    def __getitem__(self, index: _BatchIndex) -> TensorDict: ...
+
     def __getitem__(self, index: Any) -> Any:
+        """``td[key]``: the entry (a tensor or a nested TensorDict); ``td[i]``, ``td[a:b]``,
+        ``td[mask]``...: the TensorDict indexed along its batch dims."""
         if type(index) is str:
             value = self._data.get(index, _MISSING)
             if value is _MISSING:
@@ -317,7 +335,7 @@ class TensorDict:
 
     def exclude(self, *keys: Key) -> TensorDict:
         """Return a new TensorDict without ``keys``; missing keys are ignored."""
-        data = dict(self._data)
+        data: dict[str, Any] = dict(self._data)
         for key in keys:
             path = _check_key(key)
             if len(path) == 1:
@@ -332,7 +350,7 @@ class TensorDict:
         Raises:
             KeyError: an old key is missing.
         """
-        pairs = {**(mapping or {}), **names}
+        pairs: dict[Any, Any] = {**(mapping or {}), **names}
         values = {old: self.get(old) for old in pairs}
         pairs = {old: new for old, new in pairs.items() if _check_key(old) != _check_key(new)}
         out = self.exclude(*pairs)
@@ -466,10 +484,10 @@ for _name, _dtype in [
 # object.__setattr__, and _new runs on every write and every pytree unflatten.
 # Dynamo cannot trace ``member_descriptor.__set__``: under torch.compile _new
 # takes the object.__setattr__ path (is_compiling() is a constant there).
-_set_data = TensorDict._data.__set__  # type: ignore[attr-defined]
-_set_bs = TensorDict._batch_size.__set__  # type: ignore[attr-defined]
-_set_spec = TensorDict._spec.__set__  # type: ignore[attr-defined]
-_set_checked = TensorDict._checked.__set__  # type: ignore[attr-defined]
+_set_data = vars(TensorDict)["_data"].__set__
+_set_bs = vars(TensorDict)["_batch_size"].__set__
+_set_spec = vars(TensorDict)["_spec"].__set__
+_set_checked = vars(TensorDict)["_checked"].__set__
 _alloc = object.__new__
 # "tracing by dynamo": the one case where the slot setters cannot be used (_tree.py too);
 # 4x cheaper than torch.compiler.is_compiling, and dynamo folds it to True.
@@ -601,7 +619,7 @@ def _update(td: TensorDict, other, prefix: tuple) -> TensorDict:
     return _new(data, bs)
 
 
-def _items(td: TensorDict, include_nested: bool, leaves_only: bool, prefix: tuple = ()):
+def _items(td: Any, include_nested: bool, leaves_only: bool, prefix: tuple = ()) -> Iterator[Any]:
     for k, v in td._data.items():
         key = (*prefix, k) if prefix else k
         is_td = isinstance(v, TensorDict)
@@ -627,7 +645,7 @@ def _mapping_leaves(data: Mapping) -> Iterator[torch.Tensor]:
             yield v
 
 
-def _apply(td: TensorDict, fn, others: tuple, new_bs, prefix: tuple = ()) -> TensorDict:
+def _apply(td: TensorDict, fn, others: Sequence[Any], new_bs, prefix: tuple = ()) -> TensorDict:
     bs = td._batch_size if new_bs is None else new_bs
     data = {}
     for k, v in td._data.items():

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import optree
 import optree.pytree
@@ -64,6 +65,13 @@ class _Spec:
     """Static part of a flattened TensorDict; compares and hashes by its keys only."""
 
     __slots__ = ("_inorder", "all_full", "batch_size", "full", "keys", "order", "ranks")
+    _inorder: Any
+    all_full: Any
+    batch_size: Any
+    full: Any
+    keys: Any
+    order: Any
+    ranks: Any
 
     def __init__(
         self, keys: tuple, ranks: tuple, batch_size: tuple | None, full: tuple, order=None
@@ -103,7 +111,7 @@ def spec_of(td: TensorDict) -> _Spec:
                 ranks.append(_rank(v, n))
                 full.append(_full(v))
         order = tuple(data)
-        order = None if order == keys else order
+        order = None if order == keys else order  # type: ignore[assignment]
         bs = None if any(full) else tuple(td._batch_size)
         spec = _Spec(keys, tuple(ranks), bs, tuple(full), order)
         if _is_compiling():
@@ -281,7 +289,7 @@ def keep_marks(seen: TensorDict, like: TensorDict) -> None:
     data = like._data
     for k, v in seen._data.items():
         if type(v) is TensorDict:
-            keep_marks(v, data[k])
+            keep_marks(v, data[k])  # type: ignore[arg-type]
 
 
 def same_keys(a: TensorDict, b: TensorDict) -> bool:
@@ -292,7 +300,7 @@ def same_keys(a: TensorDict, b: TensorDict) -> bool:
     data = b._data
     for k, v in a._data.items():
         if type(v) is TensorDict:  # (TensorDict has no subclasses)
-            if type(data[k]) is not TensorDict or not same_keys(v, data[k]):
+            if type(data[k]) is not TensorDict or not same_keys(v, data[k]):  # type: ignore[arg-type]
                 return False
         elif type(data[k]) is TensorDict:
             return False
@@ -311,8 +319,8 @@ def _unflatten_optree(spec: _Spec, children) -> TensorDict:
 
 optree.register_pytree_node(
     TensorDict,
-    _optree_flatten,
-    _unflatten_optree,
+    _optree_flatten,  # type: ignore[arg-type]
+    _unflatten_optree,  # type: ignore[arg-type]
     path_entry_type=optree.MappingEntry,
     namespace=NAMESPACE,
 )

@@ -332,16 +332,16 @@ def loss_and_grad(
         if not loss.requires_grad:  # the loss does not depend on params
             gs = [None] * len(inputs)
         else:
-            gs = torch.autograd.grad(loss, inputs, allow_unused=True)
+            gs = torch.autograd.grad(loss, inputs, allow_unused=True)  # type: ignore[assignment]
     # the modules checked ``seen`` against their layouts; ``params`` has the same one, so
     # its next copies (the next step's params, built from these) skip the check
     keep_marks(seen, params)
-    gs = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, gs)]
+    gs = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, gs)]  # type: ignore[misc]
     if isinstance(aux, torch.Tensor):
         aux = aux.detach()
     elif not (type(aux) is dict and not aux):  # (train_step's loss without aux: {})
         aux = tree.map(lambda t: t.detach() if isinstance(t, torch.Tensor) else t, aux)
-    return loss.detach(), aux, unflatten_like(params, gs)
+    return loss.detach(), aux, unflatten_like(params, gs)  # type: ignore[arg-type]
 
 
 # ------------------------------------------------------------------ Jacobians
@@ -550,4 +550,4 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
         _check_like(where, cotangents, out, "cotangents", "output")
         return fn(cotangents)
 
-    return (out, vjp_fn, res[2]) if has_aux else (out, vjp_fn)
+    return (out, vjp_fn, res[2]) if has_aux else (out, vjp_fn)  # type: ignore[misc]

@@ -41,6 +41,10 @@ class _Frame:
     """One named axis in scope: a vmap level (``marker``) or a process group."""
 
     __slots__ = ("group", "marker", "name", "size")
+    group: Any
+    marker: Any
+    name: Any
+    size: Any
 
     def __init__(self, name: str, size: int, marker: Any = None, group: Any = None) -> None:
         self.name, self.size, self.marker, self.group = name, size, marker, group

@@ -111,7 +111,7 @@ def _describe(a: Any) -> tuple:
             devices.add(v.device)
             grad = grad or v.requires_grad
         else:
-            parts.append((type(v), v))
+            parts.append((type(v), v))  # type: ignore[arg-type]
     sig = _Key((spec, tuple(devices), _td_layout(a), tuple(parts)))
     return sig, leaves, spec, tensors, devices, grad
 
@@ -120,6 +120,8 @@ class _Key:
     """One argument's signature with its hash computed once (it is memoised with it)."""
 
     __slots__ = ("hash", "value")
+    hash: Any
+    value: Any
 
     def __init__(self, value: tuple) -> None:
         self.value = value
@@ -146,6 +148,11 @@ class _Flat:
     object again costs no flattening."""
 
     __slots__ = ("descs", "devices", "grad", "sig", "tensors")
+    descs: Any
+    devices: Any
+    grad: Any
+    sig: Any
+    tensors: Any
 
     def __init__(self, args: tuple, kwargs: dict, memo: dict) -> None:
         descs = []
@@ -171,8 +178,8 @@ class _Flat:
 
 
 def _unhashable(args: tuple, kwargs: dict) -> None:
-    leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)
-    paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
+    leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type, var-annotated]
+    paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type]
     bad = next(
         fmt_call_path(p)
         for p, v in zip(paths, leaves)
@@ -231,6 +238,13 @@ class _Entry:
         "replay",
         "static_in",
     )
+    calls: Any
+    out_leaves: Any
+    out_spec: Any
+    out_tensors: Any
+    passthrough: Any
+    replay: Any
+    static_in: Any
 
     def __init__(self) -> None:
         self.calls = 0  # warm-up calls done
@@ -273,7 +287,7 @@ class _Graphed:
 
     def cache_info(self) -> CacheInfo:
         """Recordings, replays and eager calls so far, and the cache's size."""
-        return CacheInfo(*self._counts, len(self._cache), self._maxsize)
+        return CacheInfo(*self._counts, len(self._cache), self._maxsize)  # type: ignore[call-arg]
 
     def cache_clear(self) -> None:
         """Drop every recording (their memory is freed with them)."""
@@ -362,8 +376,8 @@ class _Graphed:
         )
 
     def _bad_inputs(self, grad: bool, args: tuple, kwargs: dict) -> None:
-        leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)
-        paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)
+        leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type, var-annotated]
+        paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type]
         described = [(fmt_call_path(p), v) for p, v in zip(paths, leaves) if _is_tensor(v)]
         if grad:
             bad = [p for p, v in described if v.requires_grad]

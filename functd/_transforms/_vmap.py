@@ -58,6 +58,9 @@ class _Leaf:
     """One tensor (or other leaf) of the arguments, with its path and in_dim."""
 
     __slots__ = ("dim", "path", "value")
+    dim: Any
+    path: Any
+    value: Any
 
     def __init__(self, path: tuple, value: Any, dim: int | None) -> None:
         self.path, self.value, self.dim = path, value, dim
@@ -276,8 +279,8 @@ def _zeroed(dims: Any, name: str) -> Any:
         return z[0] if len(z) == 1 and _is_dim(z[0]) else z  # (d,): also for one output
     if isinstance(dims, Mapping | TensorDict):
         items = dims._data.items() if isinstance(dims, TensorDict) else dims.items()
-        z = {k: _zeroed(d, name) for k, d in items}
-        vals = list(z.values())
+        z = {k: _zeroed(d, name) for k, d in items}  # type: ignore[assignment]
+        vals = list(z.values())  # type: ignore[union-attr]
         if vals and all(_is_dim(v) and v == vals[0] for v in vals):
             return vals[0]
         return z  # per entry: a TensorDict output there is passed as a dict (see _plain)

@@ -4,7 +4,8 @@ torch.distributed is the engine (gloo on CPU, NCCL on GPU, launched by
 ``torchrun``); functd adds pure functions over trees: collectives that return
 new trees, data parallelism as an optimizer step, params placed on a
 DeviceMesh by path rules, named axes over ranks and ensembles split across
-ranks. See notes/distributed.md.
+ranks, and sharded checkpoints (``save``/``load`` through
+torch.distributed.checkpoint). See notes/distributed.md.
 
 Example:
     >>> import torch.distributed as dist, functd as fd
@@ -24,6 +25,8 @@ from ._collectives import reduce_scatter as reduce_scatter
 from ._data_parallel import pmean as pmean
 from ._data_parallel import psum as psum
 from ._data_parallel import resolve_partial as resolve_partial
+from ._dcp import load as load
+from ._dcp import save as save
 
 # sharded params, named axes over ranks, ensembles across ranks
 from ._ensemble import gather_members as gather_members
@@ -44,12 +47,14 @@ __all__: list[str] = [
     "gather",
     "gather_members",
     "is_dtensor",
+    "load",
     "member_slice",
     "pmean",
     "psum",
     "reduce_scatter",
     "replicate",
     "resolve_partial",
+    "save",
     "shard",
     "shard_batch",
     "shard_members",

@@ -77,6 +77,12 @@ def _is_dtensor(x: Tensor) -> bool:
 
 class _Bucket:
     __slots__ = ("_like", "floating", "idx", "numel", "shapes", "sizes")
+    _like: Any
+    floating: Any
+    idx: Any
+    numel: Any
+    shapes: Any
+    sizes: Any
 
     def __init__(self, idx: list[int], leaves: list[Tensor]) -> None:
         self.idx = idx
@@ -418,6 +424,7 @@ class _Shard(_Bucket):
     of every leaf, in order), the output one rank's ``numel``."""
 
     __slots__ = ("world",)
+    world: Any
 
     def __init__(self, b: _Bucket, world: int) -> None:
         self.idx = b.idx

@@ -44,13 +44,13 @@ def resolve_partial(x: Tensor) -> Tensor:
     Example:
         >>> g = resolve_partial(g)  # Partial(sum) -> Replicate: the summed gradient
     """
-    placements = x.placements
+    placements = x.placements  # type: ignore[attr-defined]
     if not any(p.is_partial() for p in placements):
         return x
     from torch.distributed.tensor import Replicate
 
     new = [Replicate() if p.is_partial() else p for p in placements]
-    return x.redistribute(x.device_mesh, new)
+    return x.redistribute(x.device_mesh, new)  # type: ignore[attr-defined]
 
 
 def _init(params, *, name: str, **hp: Any):
@@ -66,7 +66,7 @@ def _update(updates, state, params=None, *, name: str, op: str, group: Any, buck
     fast = reduce_td(where, updates, op, group, bucket_cap_mb)  # the eager hot path
     if fast is not None:
         return unflatten_like(updates, fast), state
-    leaves, spec = fdtree.flatten(updates)
+    leaves, spec = fdtree.flatten(updates)  # type: ignore[arg-type, var-annotated]
     dtensors = [i for i, x in enumerate(leaves) if _is_dtensor(x)]
     if not dtensors:  # the common case: one bucketed all-reduce, named errors
         out = _all_reduce(where, updates, op, group, bucket_cap_mb, "first", (leaves, spec))

@@ -75,6 +75,10 @@ rider = _Rider()
 
 class _Entry:
     __slots__ = ("buckets", "seen", "specs", "world")
+    buckets: Any
+    seen: Any
+    specs: Any
+    world: Any
 
     def __init__(self, specs: list, buckets: list, world: int, seen: Any) -> None:
         self.specs = specs  # held so that their ids in the key stay theirs
@@ -137,7 +141,7 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
             for f in flats:
                 f.div_(world)  # our own buffers
         _issue(where, dist.all_reduce, [(f,) for f in flats], _reduce_op(where, op), group=g)
-    out: list = [None] * len(leaves)
+    out: list = [None] * len(leaves)  # type: ignore[no-redef]
     for f, b in zip(flats, buckets):
         _unpack(f, b, out)
     return out

@@ -87,6 +87,8 @@ def shard_batch(batch: Any, group: Any = None, *, where: str = "fd.distributed.s
             "agree."
         )
     if not sizes:
+        if any(_is_dtensor(x) for x in leaves):  # a batch of DTensors: already placed
+            return batch
         raise ValueError(f"{where}: the batch holds no tensor with a batch dim to split.")
     (n,) = sizes
     if n % world:
@@ -176,7 +178,7 @@ class DataParallel:
 
     def __enter__(self) -> DataParallel:
         if self.world > 1:
-            self._old_timeout = get_timeout(self.group)
+            self._old_timeout = get_timeout(self.group)  # type: ignore[assignment]
             if self.timeout is not None:
                 set_timeout(self.group, datetime.timedelta(seconds=self.timeout))
             elif self._old_timeout is not None:
@@ -220,9 +222,9 @@ class DataParallel:
         for j, (name, part) in enumerate(parts.items(), 3):
             if any(r[j] != rows[0][j] for r in rows):
                 self._different_start({name: part}, [r[j] for r in rows])
-        leaves, spec = fdtree.flatten(parts)
+        leaves, spec = fdtree.flatten(parts)  # type: ignore[arg-type, var-annotated]
         plain = [i for i, x in enumerate(leaves) if not _is_dtensor(x)]
-        paths = [".".join(map(str, p)) for p in fdtree.paths(parts)]
+        paths = [".".join(map(str, p)) for p in fdtree.paths(parts)]  # type: ignore[arg-type]
         sent = {paths[i]: leaves[i] for i in plain}  # keyed by path: errors name the key
         got = self._guarded(
             "the broadcast of the params from rank 0", broadcast, sent, 0, self.group
@@ -233,7 +235,7 @@ class DataParallel:
         return out["params"], out["opt_state"]
 
     def _different_start(self, tree: dict, prints: list[int]) -> None:
-        leaves = fdtree.leaves(tree)
+        leaves = fdtree.leaves(tree)  # type: ignore[arg-type, var-annotated]
         detail = mismatch_detail(self.where, self.group, self.world, describe(tree, leaves), prints)
         raise ValueError(
             f"{self.where}: the ranks passed different params or optimizer states: "
@@ -261,7 +263,7 @@ class DataParallel:
         if -1 in counts:
             yield from self._watched(it, first, n, epoch)
         else:
-            yield from self._counted(it, first, n, epoch)
+            yield from self._counted(it, first, n, epoch)  # type: ignore[arg-type]
 
     def _counted(self, it: Iterator, first: Any, n: int, epoch: int) -> Iterator[Any]:
         count, cur = 0, first
@@ -304,7 +306,7 @@ class DataParallel:
                 count, cur = count + 1, nxt
                 having = rider.take()  # ranks with a next batch (None: not carried)
                 known = having is not None
-                if known and having < self.world:
+                if known and having < self.world:  # type: ignore[operator]
                     break  # a rank has no batch for the next step: stop together
         finally:
             rider.take()
@@ -369,7 +371,7 @@ class DataParallel:
             self._guarded(f"the barrier after the checkpoint of epoch {self.epoch}", self._barrier)
 
     def _barrier(self) -> None:
-        kw = {}
+        kw: dict[str, Any] = {}
         if dist.get_backend(self.group) == "nccl":
             kw["device_ids"] = [torch.cuda.current_device()]
         started = time.monotonic()

@@ -102,11 +102,15 @@ def shard(
     def place(path: tuple, t: torch.Tensor) -> Any:
         placements = list(_placements(rules, path))
         if is_dtensor(t):
-            if t.device_mesh != mesh:
+            if t.device_mesh != mesh:  # type: ignore[attr-defined]
                 raise mixed_mesh_error(
-                    "fd.distributed.shard", _dotted(path), t.device_mesh, "mesh", mesh
+                    "fd.distributed.shard",
+                    _dotted(path),
+                    t.device_mesh,  # type: ignore[attr-defined]
+                    "mesh",
+                    mesh,
                 )
-            return t.redistribute(mesh, placements)
+            return t.redistribute(mesh, placements)  # type: ignore[attr-defined]
         # a copy: broadcasting a Replicate leaf would write into the caller's tensor
         src = t.detach().clone()
         return distribute_tensor(src, mesh, placements, src_data_rank=src_data_rank)
@@ -141,7 +145,11 @@ def replicate(x: Any, mesh: Any) -> Any:
         if is_dtensor(t):
             if _base(t).device_mesh != mesh:
                 raise mixed_mesh_error(
-                    "fd.distributed.replicate", _dotted(path) or "x", t.device_mesh, "mesh", mesh
+                    "fd.distributed.replicate",
+                    _dotted(path) or "x",
+                    t.device_mesh,  # type: ignore[attr-defined]
+                    "mesh",
+                    mesh,
                 )
             return t
         return replicated(t, mesh)

@@ -9,6 +9,7 @@ writes into its input.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,7 +55,7 @@ class ReLU(Layer):
         [0.0, 2.0]
     """
 
-    def function(self):
+    def function(self) -> Callable[[Tensor], Tensor]:
         """The plain function of the inputs (``fd.Module`` calls it directly)."""
         return torch.relu
 
@@ -183,7 +184,7 @@ class Sigmoid(Layer):
         [0.5]
     """
 
-    def function(self):
+    def function(self) -> Callable[[Tensor], Tensor]:
         """The plain function of the inputs (``fd.Module`` calls it directly)."""
         return torch.sigmoid
 
@@ -200,7 +201,7 @@ class Tanh(Layer):
         [0.0]
     """
 
-    def function(self):
+    def function(self) -> Callable[[Tensor], Tensor]:
         """The plain function of the inputs (``fd.Module`` calls it directly)."""
         return torch.tanh
 

@@ -100,7 +100,7 @@ class MultiheadAttention(Layer):
 
     def _specs(self) -> dict[str, Any]:
         e, zeros = self.embed_dim, constant(0.0)
-        if self._same_dim:
+        if self._same_dim:  # type: ignore[attr-defined]
             specs = {"in_proj_weight": ParamSpec((3 * e, e), xavier_uniform(e, 3 * e))}
         else:
             specs = {
@@ -117,7 +117,7 @@ class MultiheadAttention(Layer):
         out = {"weight": ParamSpec((e, e), uniform(fan_in_bound(e)))}
         if self.bias:
             out["bias"] = ParamSpec((e,), zeros)
-        specs["out_proj"] = out  # a child module: last in state_dict()
+        specs["out_proj"] = out  # type: ignore[assignment]  # a child module: last in state_dict()
         return specs
 
     def __call__(

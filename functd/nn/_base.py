@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 import torch
 from torch import Tensor
@@ -183,8 +183,14 @@ class Layer:
         trainable parameters; ``functd.nn.split_state`` separates them."""
         return ()
 
-    def __call__(self, params: TensorDict, *inputs: Any, key: Tensor | None = None) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} does not define __call__")
+    if TYPE_CHECKING:
+        # ``layer(params, *inputs, key=None)``: each layer types its own inputs (as
+        # ``nn.Module.forward`` is typed ``Callable[..., Any]`` in torch).
+        __call__: Callable[..., Any]
+    else:
+
+        def __call__(self, params: TensorDict, *inputs: Any, key: Tensor | None = None) -> Any:
+            raise NotImplementedError(f"{type(self).__name__} does not define __call__")
 
 
 def _flatten_specs(specs: dict, prefix: tuple):

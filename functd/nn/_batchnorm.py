@@ -79,7 +79,7 @@ class _BatchNorm(Layer):
         return specs
 
     @property
-    def stateful(self) -> bool:  # type: ignore[override]
+    def stateful(self) -> bool:
         """True when a call returns ``(y, new_state)`` (training with running stats)."""
         return self.training and self.track_running_stats
 

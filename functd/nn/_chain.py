@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from torch import Size, Tensor
 
@@ -40,6 +40,12 @@ class Chain(Layer):
         >>> mlp(params, torch.zeros(5, 3)).shape
         torch.Size([5, 1])
     """
+
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _n_random: ClassVar[Any]
+        _names: ClassVar[Any]
+        _plan: ClassVar[Any]
+        _stateful: ClassVar[Any]
 
     layers: tuple[Layer, ...]
     names: tuple[str, ...] | None = None
@@ -81,7 +87,7 @@ class Chain(Layer):
         return self._n_random > 0
 
     @property
-    def stateful(self) -> bool:  # type: ignore[override]
+    def stateful(self) -> bool:
         """True when some layer returns new running statistics (a call then
         returns ``(y, new_state)``, the state nested by layer name)."""
         return self._stateful

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor
@@ -31,6 +31,13 @@ class _ConvBase(Layer):
     """What convolutions and transposed convolutions share: the dimension ``n`` and
     the functional ``fn`` (class keywords of each concrete class), the leading
     fields, their checks and the parameters."""
+
+    if TYPE_CHECKING:  # fields of the subclasses, read here
+
+        @property
+        def bias(self) -> bool: ...
+        @property
+        def groups(self) -> int: ...
 
     _n: ClassVar[int]
     _fn: ClassVar[Any]
@@ -73,6 +80,10 @@ class _ConvBase(Layer):
 @dataclasses.dataclass(frozen=True)
 class _ConvNd(_ConvBase):
     """Shared implementation of Conv1d/2d/3d (see ``Conv2d``)."""
+
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _conv_padding: ClassVar[Any]
+        _pad: ClassVar[Any]
 
     _tuples: ClassVar[tuple[str, ...]] = ("kernel_size", "stride", "dilation")
 

@@ -79,7 +79,7 @@ def user_hooks(m: nn.Module) -> bool:
 def _plain_copy(m: nn.Module, memo: dict) -> nn.Module:
     """``m`` as an instance of its original class, FSDP's hooks and state left out."""
     cls = orig_type(m)
-    new = cls.__new__(cls)
+    new = cls.__new__(cls)  # type: ignore[call-overload]
     dropped: set = set()
     state: dict[str, Any] = {}
     for k, v in m.__dict__.items():

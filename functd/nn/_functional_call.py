@@ -19,7 +19,7 @@ import dataclasses
 import inspect
 import threading
 from itertools import chain
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -79,6 +79,15 @@ class FunctionalCall(Layer):
         torch.Size([4, 3])
     """
 
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _clone: ClassVar[Any]
+        _frozen: ClassVar[Any]
+        _label: ClassVar[Any]
+        _lock: ClassVar[Any]
+        _slots: ClassVar[Any]
+        _stats: ClassVar[Any]
+        _training: ClassVar[Any]
+
     module: nn.Module
 
     def __post_init__(self) -> None:
@@ -120,7 +129,7 @@ class FunctionalCall(Layer):
         return self._training
 
     @property
-    def stateful(self) -> bool:  # type: ignore[override]
+    def stateful(self) -> bool:
         """True when the module holds a BatchNorm in training mode: a call then
         returns ``(out, new_state)`` with its new running statistics."""
         return bool(self._stats)
@@ -218,7 +227,7 @@ def _slots(meta: nn.Module) -> dict[str, tuple]:
     seen: set = set()
     for sub in meta.modules():
         for slot in (sub._parameters, sub._buffers):
-            for attr, t in slot.items():
+            for attr, t in slot.items():  # type: ignore[assignment]
                 if t is None or (id(slot), attr) in seen:
                     continue
                 seen.add((id(slot), attr))

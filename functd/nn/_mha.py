@@ -144,7 +144,7 @@ def _project(
             )
         wq, wk, wv = wi.chunk(3)
     else:
-        wq, wk, wv = w.q_proj_weight, w.k_proj_weight, w.v_proj_weight
+        wq, wk, wv = w.q_proj_weight, w.k_proj_weight, w.v_proj_weight  # type: ignore[assignment]
     bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
     return (
         *_heads(F.linear(query, wq, bq), 1, h, bf),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch.nn.functional as F
 from torch import Tensor
@@ -43,6 +43,10 @@ class MLP(Layer):
         >>> mlp(params, torch.zeros(5, 3)).shape
         torch.Size([5, 2])
     """
+
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _linears: ClassVar[Any]
+        _names: ClassVar[Any]
 
     in_features: int
     out_features: int

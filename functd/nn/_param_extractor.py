@@ -61,7 +61,7 @@ def mapping(name: str) -> Callable[[Tensor], Tensor]:
     """
     simple = {"softplus": F.softplus, "exp": torch.exp, "relu": torch.relu, "none": _identity}
     if name in simple:
-        return simple[name]
+        return simple[name]  # type: ignore[return-value]
     if name == "expln":
         return _expln
     if isinstance(name, str) and name.startswith("biased_softplus"):
@@ -117,4 +117,4 @@ class NormalParamExtractor:
 
     def __call__(self, x: Tensor, *others: Tensor) -> tuple[Tensor, ...]:
         loc, scale = x.chunk(2, -1)
-        return (loc, self._map(scale).clamp_min(self.scale_lb), *others)
+        return (loc, self._map(scale).clamp_min(self.scale_lb), *others)  # type: ignore[attr-defined]

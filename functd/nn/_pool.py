@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +52,10 @@ _Key = Tensor | None
 class _Pool(Layer):
     """The dimension ``n`` and the functional(s) of each concrete class (class keywords)."""
 
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        kernel_size: Any
+        stride: Any
+
     _n: ClassVar[int]
     _fns: ClassVar[tuple[Any, ...]]
 
@@ -75,6 +79,9 @@ class _Pool(Layer):
 @dataclasses.dataclass(frozen=True)
 class _MaxPoolNd(_Pool):
     """Shared implementation of MaxPool1d/2d/3d (see ``MaxPool2d``)."""
+
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _fn: ClassVar[Any]
 
     kernel_size: IntOrTuple
     stride: IntOrTuple | None = None
@@ -227,6 +234,9 @@ class AvgPool3d(_AvgPoolNd, n=3, fns=(F.avg_pool3d,)):
 @dataclasses.dataclass(frozen=True)
 class _LPPoolNd(_Pool):
     """Shared implementation of LPPool1d/2d/3d (see ``LPPool2d``)."""
+
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _kernel: ClassVar[Any]
 
     norm_type: float
     kernel_size: IntOrTuple

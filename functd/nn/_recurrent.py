@@ -185,7 +185,7 @@ class LSTMCell(_CellBase):
 
     _chunks: ClassVar[int] = 4
 
-    def __call__(
+    def __call__(  # type: ignore[override]
         self,
         params: TensorDict,
         x: Tensor,

@@ -21,7 +21,7 @@ layer the layer is ``random`` and draws its masks from the call's ``key``.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +52,20 @@ PACKED = (
 
 class _RNNBase(Layer):
     """What RNN, GRU and LSTM share: checks, parameters and the loop over layers."""
+
+    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _dirs: Any
+        _drop: Any
+        _h_shape: Any
+        _names: Any
+        batch_first: Any
+        bias: Any
+        bidirectional: Any
+        dropout: Any
+        hidden_size: Any
+        input_size: Any
+        num_layers: Any
+        training: Any
 
     _gates: ClassVar[int]
     _fused: ClassVar[Any]  # torch's fused op for one stack of layers
@@ -96,7 +110,7 @@ class _RNNBase(Layer):
         # torch: every parameter U(-1/sqrt(hidden_size), 1/sqrt(hidden_size))
         init = uniform(fan_in_bound(self.hidden_size))
         rows, out = self._gates * self.hidden_size, self._out_size()
-        specs = {}
+        specs = {}  # type: ignore[var-annotated]
         for i, names in enumerate(self._names):
             inputs = self.input_size if i < self._dirs else out * self._dirs
             shapes = [(rows, inputs), (rows, out)] + [(rows,), (rows,)] * self.bias
@@ -288,7 +302,7 @@ class RNN(_RNNBase):
         self._check()
 
     @property
-    def _fused(self) -> Any:  # type: ignore[override]
+    def _fused(self) -> Any:
         return torch._VF.rnn_tanh if self.nonlinearity == "tanh" else torch._VF.rnn_relu
 
     def _step(self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any) -> tuple:
@@ -405,4 +419,4 @@ class LSTM(_RNNBase):
         if (hx is None) != (cx is None):
             raise ValueError("LSTM: pass both h_0 and c_0 (hx=(h_0, c_0)), or neither (zeros)")
         out, h, c = self._run(params, input, hx, cx, key)
-        return out, (h, c)
+        return out, (h, c)  # type: ignore[return-value]

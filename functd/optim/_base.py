@@ -99,7 +99,7 @@ class GradientTransformation(NamedTuple):
             return f"GradientTransformation(init={self.init!r}, update={self.update!r})"
         kw = {
             k: v
-            for k, v in self.update.kwargs.items()
+            for k, v in self.update.kwargs.items()  # type: ignore[attr-defined]
             if k not in ("name", "kernel", "decoupled", "fn", "factory")
             and not (k == "lr" and v is None)
         }
@@ -157,7 +157,7 @@ class _Chain(GradientTransformation):
     @property
     def txs(self) -> tuple[GradientTransformation, ...]:
         """The chained transformations, in order (never a chain, never identity)."""
-        return self.update.kwargs["txs"]
+        return self.update.kwargs["txs"]  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         return "chain(" + ", ".join(map(repr, self.txs)) + ")"

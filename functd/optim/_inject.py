@@ -104,7 +104,7 @@ def inject_hyperparams(
         except TypeError as e:
             raise TypeError(f"fd.optim.inject_hyperparams({fname}): {e}") from None
         factory(*args, **kwargs)  # validates the numbers once, raises the factory's errors
-        static, hparams = [], []
+        static, hparams = [], []  # type: ignore[var-annotated]
         for k, v in bound.arguments.items():
             injected = k not in static_args and (C.is_number(v) or isinstance(v, torch.Tensor))
             injected = injected or (k not in static_args and callable(v))

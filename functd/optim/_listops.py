@@ -39,8 +39,8 @@ def checked_leaves(where: str, what: str, td: Any) -> tuple[list[Tensor], Tensor
         raise TypeError(E.not_a_td(where, what, td))
     leaves = flat_leaves(td)
     if what == "grads" and not all(x.layout is _STRIDED for x in leaves):
-        path = next(p for p, x in zip(tree.paths(td), leaves) if x.layout is not _STRIDED)
-        raise TypeError(E.sparse_grad(where, path, leaves[tree.paths(td).index(path)].layout))
+        path = next(p for p, x in zip(tree.paths(td), leaves) if x.layout is not _STRIDED)  # type: ignore[arg-type]
+        raise TypeError(E.sparse_grad(where, path, leaves[tree.paths(td).index(path)].layout))  # type: ignore[arg-type]
     return leaves, td
 
 
@@ -142,8 +142,8 @@ def axpy(a: Scalar, xs: list[Tensor], ys: list[Tensor], fe: bool) -> list[Tensor
         if a == 0:
             return ys
         if fe:
-            return torch._foreach_add(ys, xs, alpha=a)
-        return [torch.add(y, x, alpha=a) for x, y in zip(xs, ys)]
+            return torch._foreach_add(ys, xs, alpha=a)  # type: ignore[arg-type, return-value]
+        return [torch.add(y, x, alpha=a) for x, y in zip(xs, ys)]  # type: ignore[arg-type]
     return _map("add", fe, _map("mul", fe, xs, a), ys)
 
 
@@ -157,7 +157,7 @@ def scale(a: Scalar, xs: list[Tensor], fe: bool) -> list[Tensor]:
 def ema(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list[Tensor]:
     """``decay * avg + (1 - decay) * xs`` (as torch.optim's ``lerp(xs, 1 - decay)``)."""
     if isinstance(decay, Number) and fe:
-        return torch._foreach_lerp(avg, xs, 1 - decay)
+        return torch._foreach_lerp(avg, xs, 1 - decay)  # type: ignore[arg-type, return-value]
     return _map("add", fe, _map("mul", fe, avg, decay), _map("mul", fe, xs, 1 - decay))
 
 
@@ -165,8 +165,8 @@ def ema_sq(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list
     """``decay * avg + (1 - decay) * xs**2``."""
     if isinstance(decay, Number) and fe:
         out = torch._foreach_mul(avg, decay)
-        torch._foreach_addcmul_(out, xs, xs, value=1 - decay)
-        return out
+        torch._foreach_addcmul_(out, xs, xs, value=1 - decay)  # type: ignore[arg-type]
+        return out  # type: ignore[return-value]
     sq = _map("mul", fe, xs, xs)
     return _map("add", fe, _map("mul", fe, avg, decay), _map("mul", fe, sq, 1 - decay))
 

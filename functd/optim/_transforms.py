@@ -176,7 +176,9 @@ def scale_by_learning_rate(
 
 
 # ------------------------------------------------------------------ directions
-def trace(momentum: Hyper = 0.9, dampening: Hyper = 0.0, nesterov: bool = False):
+def trace(
+    momentum: Hyper = 0.9, dampening: Hyper = 0.0, nesterov: bool = False
+) -> GradientTransformation:
     """torch.optim.SGD's momentum without the learning rate (see :func:`sgd`).
 
     State: ``count``, ``momentum_buffer``.
