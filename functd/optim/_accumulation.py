@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import Tensor
@@ -131,7 +131,9 @@ class MultiSteps(GradientTransformation):
 
     def has_updated(self, state: TensorDict) -> Tensor:
         """Whether the last ``update`` stepped ``inner`` (a bool tensor)."""
-        return (state["mini_step"] == 0) & (state["gradient_step"] > 0)
+        mini = cast(Tensor, state._data["mini_step"])
+        step = cast(Tensor, state._data["gradient_step"])
+        return (mini == 0) & (step > 0)
 
 
 # ------------------------------------------------------------------ apply_every

@@ -24,7 +24,7 @@ import torch
 from .._errors import fmt_key
 from .._td import TensorDict
 from .._td._partition import combine, partition
-from .._td._tree import tree, unflatten_like
+from .._td._tree import flat_leaves, tree, unflatten_like
 from . import _listops as L
 from ._base import GradientTransformation, transformation
 
@@ -66,7 +66,8 @@ def _check_cover(where: str, spec: Any, params: TensorDict, what: str) -> None:
     """Every entry of a nested-dict ``spec`` must name params entries (no extra keys)."""
     if not isinstance(spec, Mapping):
         return
-    prefixes = {p[:i] for p in tree.paths(params) for i in range(1, len(p) + 1)}
+    paths = tree.paths(params)  # type: ignore[arg-type]
+    prefixes = {p[:i] for p in paths for i in range(1, len(p) + 1)}
 
     def walk(node: Mapping, prefix: Path) -> None:
         for k, v in node.items():
@@ -117,7 +118,7 @@ def _masked_update(updates, state, params=None, *, name: str, inner, mask):
 
 def _like(template: TensorDict, td: TensorDict) -> TensorDict:
     """``td``'s leaves in ``template``'s layout (its key order and batch sizes)."""
-    return unflatten_like(template, tree.leaves(td))
+    return unflatten_like(template, flat_leaves(td))
 
 
 def masked(inner: GradientTransformation, mask: Any) -> GradientTransformation:
@@ -214,7 +215,11 @@ def _by_label(where: str, td: TensorDict, transforms: tuple, labels: Any) -> dic
 
     out, rest = {}, td
     for lab, _ in transforms:
-        out[lab], rest = partition(rest, lambda path, leaf, lab=lab: label(path, leaf) == lab)
+
+        def this(path: Path, leaf: Any, lab: Any = lab) -> bool:
+            return label(path, leaf) == lab
+
+        out[lab], rest = partition(rest, this)
     return out
 
 
