@@ -129,6 +129,15 @@ class MultiSteps(GradientTransformation):
         )  # fmt: skip
         return tuple.__new__(cls, gt)
 
+    def __init__(
+        self,
+        inner: GradientTransformation,
+        every_k_schedule: int | Callable[[Tensor], Any],
+        use_grad_mean: bool = True,
+        should_skip_update_fn: Callable[..., Any] | None = None,
+    ) -> None:
+        """(Built by ``__new__``; the signature documents the arguments.)"""
+
     def has_updated(self, state: TensorDict) -> Tensor:
         """Whether the last ``update`` stepped ``inner`` (a bool tensor)."""
         mini = cast(Tensor, state._data["mini_step"])

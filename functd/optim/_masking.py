@@ -237,7 +237,9 @@ def _multi_update(updates, state, params=None, *, name: str, transforms: tuple, 
     return _like(updates, combine(*new)), L.state_td(states)
 
 
-def multi_transform(transforms: Mapping[str, GradientTransformation], param_labels: Any):
+def multi_transform(
+    transforms: Mapping[Any, GradientTransformation], param_labels: Any
+) -> GradientTransformation:
     """Give each leaf the transformation of its label (optax's ``multi_transform``,
     since renamed ``partition``).
 
