@@ -41,7 +41,7 @@ def room(mod: str) -> str:
         "_eager",
         "_threefry",
         "_fused",
-        "_fused_c",
+        "_fused_ext",
         "_erfinv",
     }:
         return "base"
