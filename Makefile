@@ -10,7 +10,9 @@ PYTEST_ARGS ?=
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The install step also compiles functd's C extension (functd/_fused_ext.c, see setup.py):
+# it reruns when either changes.
+$(STAMP): pyproject.toml setup.py functd/_fused_ext.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev,interop,models]"
@@ -44,5 +46,6 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .ruff_cache .hypothesis
+	rm -f functd/*.so functd/*.pyd
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import threading
@@ -49,20 +50,20 @@ _function_mode = torch._C._is_torch_function_mode_enabled
 _tracing = torch._C._get_tracing_state
 _VMAP = getattr(getattr(_F, "TransformType", None), "Vmap", None)
 _HOOKS = None not in (_is_wrapped, _is_batched, _dispatch_modes, _transforms, _stack, _VMAP)
+_EXT = f"{__package__}._fused_ext"  # compiled from functd/_fused_ext.c by setup.py
 _LOCK = threading.Lock()
 _KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else the run function
 
 
 def _import():
     """The extension's ``run``; raise ImportError naming why it cannot serve."""
-    from . import _fused_ext
-
-    if getattr(_fused_ext, "VERSION", None) != VERSION:
+    ext = importlib.import_module(_EXT)
+    if getattr(ext, "VERSION", None) != VERSION:
         raise ImportError(
-            f"{_fused_ext.__file__} was built from another version of the kernel "
-            f"(version {getattr(_fused_ext, 'VERSION', None)}, this functd needs {VERSION})"
+            f"{ext.__file__} was built from another version of the kernel "
+            f"(version {getattr(ext, 'VERSION', None)}, this functd needs {VERSION})"
         )
-    return _fused_ext.run
+    return ext.run
 
 
 def _load():
@@ -96,9 +97,7 @@ def variant() -> str | None:
     ``baseline``), or None on the pure path."""
     if not (_KERNEL if _KERNEL is not None else _load()):
         return None
-    from . import _fused_ext
-
-    return _fused_ext.VARIANT
+    return importlib.import_module(_EXT).VARIANT
 
 
 def _vmap_only() -> bool:
@@ -262,12 +261,12 @@ def _fold(key: Tensor, data: Tensor, fn, nlev: int = 0) -> Tensor:
     # under vmap: (*levels, *batch) - the logical batch dims align on the right
     kb, db = key.shape[nlev:-1], data.shape[nlev:]
     nd = max(len(kb), len(db))
-    key = key.reshape(*key.shape[:nlev], *[1] * (nd - len(kb)), *kb, 2)
-    data = data.reshape(*data.shape[:nlev], *[1] * (nd - len(db)), *db)
+    key = key.reshape((*key.shape[:nlev], *[1] * (nd - len(kb)), *kb, 2))
+    data = data.reshape((*data.shape[:nlev], *[1] * (nd - len(db)), *db))
     shape = torch.broadcast_shapes(key.shape[:-1], data.shape)
-    keys = key.expand(*shape, 2).contiguous()
+    keys = key.expand((*shape, 2)).contiguous()
     data = data.expand(shape).contiguous()
-    out = torch.empty(*shape, 2, dtype=torch.int32)
+    out = torch.empty((*shape, 2), dtype=torch.int32)
     if total := math.prod(shape):
         op = MODE_FOLD | (torch.get_num_threads() if total >= _THREADED else 1) << 8
         fn(op, keys.data_ptr(), total, 1, 0, out.data_ptr(), data.data_ptr(), 0.0, 0.0)
