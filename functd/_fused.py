@@ -35,8 +35,8 @@ from torch import Tensor
 MODE_PAIRS, MODE_BITS32, MODE_BITS64, MODE_UNIT32, MODE_NORMAL_PRE = range(5)
 MODE_AFFINE32, MODE_NEG32, MODE_UNIT64, MODE_ERFINV_LT, MODE_RANGE32, MODE_FOLD = range(5, 11)
 MODE_ERFINV_GATHER, MODE_ERFINV_GT = 11, 12
-VERSION = 3
-_THREADED = 32768  # the kernel's threshold for splitting a draw over threads
+VERSION = 4
+_THREADED = 1 << 18  # draws this large are shared by torch.get_num_threads() threads
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
 _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
 
@@ -283,6 +283,11 @@ def normal32(key: Tensor, shape: tuple[int, ...]) -> Tensor | None:
     return _normal32(key, fn, shape)
 
 
+def _gt_room(total: int) -> int:
+    """Room for the elements of a normal draw past XLA's first polynomial (~1 in 300)."""
+    return total // 64 + 64
+
+
 def _normal32(key: Tensor, fn, shape: tuple[int, ...], nlev: int = 0) -> Tensor:
     key = key.contiguous()
     n = math.prod(shape)
@@ -293,10 +298,14 @@ def _normal32(key: Tensor, fn, shape: tuple[int, ...], nlev: int = 0) -> Tensor:
         xp, tp = x.data_ptr(), t.data_ptr()
         fn(MODE_NORMAL_PRE | threads, key.data_ptr(), total, n, 0, xp, tp, _NEXT_M1, 0.0)
         t.log1p_()  # torch's log1p: its bits (the same at any position of any buffer)
-        if count := fn(MODE_ERFINV_LT | threads, tp, total, n, 0, xp, 0, _SQRT2_32, 0.0):
-            # |x| > 0.9966 (~1 in 300): XLA's second polynomial needs torch's sqrt(w)
-            w = torch.empty(count)
-            fn(MODE_ERFINV_GATHER, tp, total, n, 0, w.data_ptr(), 0, 0.0, 0.0)
-            s = torch.sqrt(w)
-            fn(MODE_ERFINV_GT, tp, total, n, 0, xp, s.data_ptr(), _SQRT2_32, 0.0)
+        # erf_inv's first polynomial, listing the |x| > 0.9966 that need the second one
+        room = _gt_room(total)
+        w, at = torch.empty(room), torch.empty(room, dtype=torch.int64)
+        count = fn(MODE_ERFINV_LT, tp, total, room, at.data_ptr(), xp, w.data_ptr(), _SQRT2_32, 0.0)
+        if count:
+            if count > room:  # (no room for all: list them again)
+                w, at = torch.empty(count), torch.empty(count, dtype=torch.int64)
+                fn(MODE_ERFINV_GATHER, tp, total, 0, at.data_ptr(), 0, w.data_ptr(), 0.0, 0.0)
+            s = torch.sqrt(w[:count])  # torch's sqrt: its bits
+            fn(MODE_ERFINV_GT, 0, count, 0, at.data_ptr(), xp, s.data_ptr(), _SQRT2_32, 0.0)
     return x

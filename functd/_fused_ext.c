@@ -29,6 +29,9 @@
 #if !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
 #include <pthread.h>
 #include <sched.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 #define FD_THREADS 1 /* pthreads and the __atomic builtins */
 #endif
 
@@ -47,7 +50,7 @@
 #endif
 
 /* The calling convention's version: _fused.py refuses a build of another one (stale). */
-#define FD_KERNEL_VERSION 3
+#define FD_KERNEL_VERSION 4
 
 enum { MODE_PAIRS, MODE_BITS32, MODE_BITS64, MODE_UNIT32, MODE_NORMAL_PRE,
        MODE_AFFINE32, MODE_NEG32, MODE_UNIT64, MODE_ERFINV_LT, MODE_RANGE32, MODE_FOLD,
@@ -156,10 +159,12 @@ FD_INLINE void hash_body(const job_t *J, uint32_t k0, uint32_t k1, uint32_t hi, 
    in the pure path. keys: l = log1p(-x*x) (torch's log1p: its bits), so w = -l in
    [+0, +inf]; out: x, overwritten with sqrt2 * erfinv(x). The second polynomial needs
    torch's sqrt(w) (its float32 sqrt is not always correctly rounded), wanted only
-   where w >= 5 (|x| > 0.9966, ~1 in 300): MODE_ERFINV_LT finishes every other element
-   and counts those; MODE_ERFINV_GATHER writes their w, in order, to out; torch takes
-   the sqrt of that short buffer (its sqrt is the same at any position); and
-   MODE_ERFINV_GT finishes them from it (out2). */
+   where w >= 5 (|x| > 0.9966, ~1 in 300). MODE_ERFINV_LT finishes every other element
+   and lists those, in order: their w in out2 and their index in the int64 buffer at
+   address `first`, both of room n (it returns their count, which may exceed n; then
+   MODE_ERFINV_GATHER lists them again into larger buffers). Torch takes the sqrt of
+   the short list (its sqrt gives the same bits at any position of any buffer) and
+   MODE_ERFINV_GT finishes the listed elements (total: their count) from it (out2). */
 #define LT_POLY(pl, wl)                                                          \
   float pl = 2.81022636e-08f;                                                    \
   pl = pl * wl; pl = pl + 3.43273939e-07f;  pl = pl * wl; pl = pl + -3.5233877e-06f; \
@@ -176,50 +181,67 @@ FD_INLINE void hash_body(const job_t *J, uint32_t k0, uint32_t k1, uint32_t hi, 
 /* w >= 5 and finite, as bits (w is never NaN or negative): 5.0f <= w < inf */
 #define IS_GT(wb) ((wb) >= 0x40A00000u && (wb) != 0x7F800000u)
 
-FD_INLINE int64_t erfinv_lt(const job_t *J, int64_t start, int64_t stop) {
+/* Blocks of 64: a vector loop finishes the block; where it met a w >= 5 (~1 block in
+   5), a scalar pass lists those. */
+FD_INLINE int64_t erfinv_lt(const job_t *J, int64_t total) {
   const float *FD_RESTRICT l = (const float *)J->keys;
   float *FD_RESTRICT o = (float *)J->out;
+  float *FD_RESTRICT g = (float *)J->out2;
+  int64_t *FD_RESTRICT idx = (int64_t *)(intptr_t)J->first;
+  const int64_t room = J->n;
   const float sqrt2 = (float)J->a;
   int64_t count = 0;
-  for (int64_t i = start; i < stop; i++) {
-    float w = -l[i], wl = w - 2.5f;
-    LT_POLY(pl, wl)
-    /* the selects are masks: gcc would sink a ?: operand into a branch and then, under
-       -ftrapping-math, not vectorize the loop */
-    uint32_t wb = f2u(w), inf = -(uint32_t)(wb == 0x7F800000u);
-    uint32_t keep = -(uint32_t)IS_GT(wb);            /* finished by MODE_ERFINV_GT */
-    float p = u2f((0x7F800000u & inf) | (f2u(pl) & ~inf)) * o[i];
-    o[i] = u2f((f2u(o[i]) & keep) | (f2u(p * sqrt2) & ~keep));
-    count += keep & 1u;
+  for (int64_t start = 0; start < total; start += 64) {
+    const int64_t stop = start + 64 < total ? start + 64 : total;
+    uint32_t found = 0;
+    for (int64_t i = start; i < stop; i++) {
+      float w = -l[i], wl = w - 2.5f;
+      LT_POLY(pl, wl)
+      /* the selects are masks: gcc would sink a ?: operand into a branch and then,
+         under -ftrapping-math, not vectorize the loop */
+      uint32_t wb = f2u(w), inf = -(uint32_t)(wb == 0x7F800000u);
+      uint32_t keep = -(uint32_t)IS_GT(wb); /* listed for MODE_ERFINV_GT */
+      float p = u2f((0x7F800000u & inf) | (f2u(pl) & ~inf)) * o[i];
+      o[i] = u2f((f2u(o[i]) & keep) | (f2u(p * sqrt2) & ~keep));
+      found |= keep;
+    }
+    if (!found) continue;
+    for (int64_t i = start; i < stop; i++) {
+      float w = -l[i];
+      if (!IS_GT(f2u(w))) continue;
+      if (count < room) { g[count] = w; idx[count] = i; }
+      count++;
+    }
   }
   return count;
 }
 
 static void erfinv_gather(const job_t *J, int64_t total) {
   const float *l = (const float *)J->keys;
-  float *g = (float *)J->out;
+  float *g = (float *)J->out2;
+  int64_t *idx = (int64_t *)(intptr_t)J->first;
   for (int64_t i = 0, j = 0; i < total; i++) {
     float w = -l[i];
-    if (IS_GT(f2u(w))) g[j++] = w;
+    if (IS_GT(f2u(w))) { g[j] = w; idx[j] = i; j++; }
   }
 }
 
-static void erfinv_gt(const job_t *J, int64_t total) {
-  const float *l = (const float *)J->keys, *s = (const float *)J->out2;
+static void erfinv_gt(const job_t *J, int64_t count) {
+  const int64_t *idx = (const int64_t *)(intptr_t)J->first;
+  const float *s = (const float *)J->out2;
   float *o = (float *)J->out;
   const float sqrt2 = (float)J->a;
-  for (int64_t i = 0, j = 0; i < total; i++) {
-    if (!IS_GT(f2u(-l[i]))) continue;
-    float wg = s[j++] - 3.0f;
+  for (int64_t j = 0; j < count; j++) {
+    float wg = s[j] - 3.0f;
     GT_POLY(pg, wg)
-    float p = pg * o[i];
-    o[i] = p * sqrt2;
+    float p = pg * o[idx[j]];
+    o[idx[j]] = p * sqrt2;
   }
 }
 
-/* Elements [start, stop) of a draw; returns MODE_ERFINV_LT's count (else 0). */
+/* Elements [start, stop) of a draw (MODE_ERFINV_LT: all of them, start = 0). */
 FD_INLINE int64_t range_body(const job_t *J, int64_t start, int64_t stop) {
-  if (J->mode == MODE_ERFINV_LT) return erfinv_lt(J, start, stop);
+  if (J->mode == MODE_ERFINV_LT) return erfinv_lt(J, stop);
   const int64_t n = J->n;
   int64_t j = start;
   if (J->mode == MODE_FOLD) { /* one counter (0, data[k]) per key, written as pairs */
@@ -335,6 +357,21 @@ static int64_t run_threaded(const job_t *J, int64_t total, int nthreads) {
 }
 #endif
 
+/* A fresh output of 4 MB or more is first touched here: page faults of 4 KB pages (and
+   their zeroing) cost about as much as the hash. Where the kernel offers transparent
+   huge pages on request (madvise mode), ask for them on the buffer's whole 2 MB pages:
+   a hint about memory nothing else uses yet, which changes no value. */
+static void huge_pages(void *buf, int64_t bytes) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+  const uintptr_t page = (uintptr_t)1 << 21;
+  uintptr_t start = ((uintptr_t)buf + page - 1) & ~(page - 1);
+  uintptr_t stop = ((uintptr_t)buf + (uintptr_t)bytes) & ~(page - 1);
+  if (bytes >= ((int64_t)4 << 20) && stop > start) madvise((void *)start, stop - start, MADV_HUGEPAGE);
+#else
+  (void)buf; (void)bytes;
+#endif
+}
+
 /* Elements [0, total) over up to op >> 8 threads (this one included); mode op & 255.
    Returns MODE_ERFINV_LT's count (else 0). */
 static int64_t fd_run(int op, const void *keys, int64_t total, int64_t n, int64_t first,
@@ -346,6 +383,13 @@ static int64_t fd_run(int op, const void *keys, int64_t total, int64_t n, int64_
   if (total <= 0) return 0;
   if (J.mode == MODE_ERFINV_GATHER) { erfinv_gather(&J, total); return 0; }
   if (J.mode == MODE_ERFINV_GT) { erfinv_gt(&J, total); return 0; }
+  if (J.mode == MODE_ERFINV_LT) return run_range(&J, 0, total); /* one pass, in order */
+  {
+    int64_t size = J.mode == MODE_PAIRS || J.mode == MODE_FOLD || J.mode == MODE_BITS64 ||
+                   J.mode == MODE_UNIT64 ? 8 : 4;
+    huge_pages(out, total * size);
+    if (J.mode == MODE_NORMAL_PRE) huge_pages(out2, total * size);
+  }
 #ifdef FD_THREADS
   if (nthreads > 64) nthreads = 64;
   if (nthreads > (total + CHUNK - 1) / CHUNK) nthreads = (int)((total + CHUNK - 1) / CHUNK);

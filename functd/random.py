@@ -375,11 +375,13 @@ def uniform(
     """
     key, shape = _prologue("uniform", key, shape, dtype)
     numbers = type(minval) in (int, float) and type(maxval) in (int, float)
-    if numbers and dtype == torch.float32 and not (minval == 0 and maxval == 1):
-        if (out := _range32(key, shape, minval, maxval)) is not None:
+    unit = numbers and minval == 0 and maxval == 1
+    if numbers and not unit and dtype == torch.float32:
+        out = _range32(key, shape, minval, maxval)  # one kernel call where it serves
+        if out is not None:
             return out
     u = _unit(key, shape, dtype)
-    if numbers and minval == 0 and maxval == 1:
+    if unit:
         return u  # u * 1 + 0 and max(0, u) are exact no-ops
     lo = _param("uniform", "minval", minval, dtype, key.device)
     hi = _param("uniform", "maxval", maxval, dtype, key.device)

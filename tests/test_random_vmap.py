@@ -21,9 +21,7 @@ import functd.random as fr
 from functd import _fused
 
 SAMPLERS = {**random_cases.SAMPLERS, **random_cases.FUSED_EXTRA}
-VECTORS = json.loads(
-    (pathlib.Path(__file__).parent / "data" / "jax_vmap_vectors.json").read_text()
-)
+VECTORS = json.loads((pathlib.Path(__file__).parent / "data" / "jax_vmap_vectors.json").read_text())
 SIDE = (_fused.MODE_ERFINV_GATHER, _fused.MODE_ERFINV_GT)  # only where |x| > 0.9966
 
 

@@ -28,7 +28,7 @@ import jaxlib
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
-from make_jax_vectors import enc  # noqa: E402
+from make_jax_vectors import enc
 
 SEEDS = [0, 42, 2**40 + 3]
 LOGITS = [0.0, 1.0, -1.0, 0.5]
@@ -86,7 +86,9 @@ def main() -> None:
         "cases": cases(),
     }
     path = pathlib.Path(
-        sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).with_name("jax_vmap_vectors.json")
+        sys.argv[1]
+        if len(sys.argv) > 1
+        else pathlib.Path(__file__).with_name("jax_vmap_vectors.json")
     )
     text = json.dumps(doc, separators=(",", ":"))
     text = text.replace('"cases":[{', '"cases":[\n{').replace('}},{"fn"', '}},\n{"fn"')
