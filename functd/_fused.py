@@ -172,15 +172,13 @@ def _wrap(out: Tensor, levels: list[int]) -> Tensor:
 def _under_vmap(fn, tensors: tuple[Tensor, ...], *args):
     """``fn(*plain tensors, *args, number of levels)`` with every torch.func level
     popped (plain eager ops), its result wrapped back at the levels."""
-    lifted = _lift(tensors)
-    if lifted is None:
-        return None
-    plain, levels = lifted
-    popped = []
+    popped, out = [], None
     try:
         while _transforms() is not None:
             popped.append(_F.pop_dynamic_layer_stack())
-        out = fn(*plain, *args, len(levels))
+        if (lifted := _lift(tensors)) is not None:
+            plain, levels = lifted
+            out = fn(*plain, *args, len(levels))
     finally:
         while popped:
             _F.push_dynamic_layer_stack(popped.pop())
@@ -299,13 +297,16 @@ def _normal32(key: Tensor, fn, shape: tuple[int, ...], nlev: int = 0) -> Tensor:
         fn(MODE_NORMAL_PRE | threads, key.data_ptr(), total, n, 0, xp, tp, _NEXT_M1, 0.0)
         t.log1p_()  # torch's log1p: its bits (the same at any position of any buffer)
         # erf_inv's first polynomial, listing the |x| > 0.9966 that need the second one
+        # (one float32 buffer: room int64 indices, then room values of w)
         room = _gt_room(total)
-        w, at = torch.empty(room), torch.empty(room, dtype=torch.int64)
-        count = fn(MODE_ERFINV_LT, tp, total, room, at.data_ptr(), xp, w.data_ptr(), _SQRT2_32, 0.0)
+        buf = torch.empty(3 * room)
+        at, wp = buf.data_ptr(), buf.data_ptr() + 8 * room
+        count = fn(MODE_ERFINV_LT, tp, total, room, at, xp, wp, _SQRT2_32, 0.0)
         if count:
             if count > room:  # (no room for all: list them again)
-                w, at = torch.empty(count), torch.empty(count, dtype=torch.int64)
-                fn(MODE_ERFINV_GATHER, tp, total, 0, at.data_ptr(), 0, w.data_ptr(), 0.0, 0.0)
-            s = torch.sqrt(w[:count])  # torch's sqrt: its bits
-            fn(MODE_ERFINV_GT, 0, count, 0, at.data_ptr(), xp, s.data_ptr(), _SQRT2_32, 0.0)
+                room, buf = count, torch.empty(3 * count)
+                at, wp = buf.data_ptr(), buf.data_ptr() + 8 * room
+                fn(MODE_ERFINV_GATHER, tp, total, 0, at, 0, wp, 0.0, 0.0)
+            buf[2 * room : 2 * room + count].sqrt_()  # torch's sqrt: its bits
+            fn(MODE_ERFINV_GT, 0, count, 0, at, xp, wp, _SQRT2_32, 0.0)
     return x
