@@ -1,5 +1,5 @@
-"""Builds functd's one C extension, ``functd._fused_ext`` (the fused eager CPU kernels
-of ``functd.random``), with the package: ``pip install .``, ``pip install -e .`` and
+"""Builds functd's one C extension, ``functd._fused_ext`` (the fused CPU kernels of
+``functd.random``), with the package: ``pip install .``, ``pip install -e .`` and
 ``python -m build`` all compile it. Everything else is in pyproject.toml.
 
 Plain C against the Python C API (no libtorch). Portable builds: no ``-march=native``;
@@ -26,7 +26,9 @@ class BuildExt(build_ext):
         super().build_extensions()
 
 
+# optional: where it cannot be compiled (no compiler), functd installs without it and
+# functd.random warns once at the first draw, then draws the same bits with torch ops
 setup(
-    ext_modules=[Extension("functd._fused_ext", sources=["functd/_fused_ext.c"])],
+    ext_modules=[Extension("functd._fused_ext", sources=["functd/_fused_ext.c"], optional=True)],
     cmdclass={"build_ext": BuildExt},
 )

@@ -17,7 +17,9 @@ dispatch mode (FakeTensor), a function mode (``with torch.device(...)``), meta/C
 See notes/prng.md for the design and figures.
 
 Example:
-    >>> out = run(MODE_UNIT32, functd.random.key(0), (4,), torch.float32)  # None: pure path
+    >>> u = run(MODE_UNIT32, functd.random.key(0), (4,), torch.float32)  # None: pure path
+    >>> variant()  # the instruction set the kernel runs with
+    'avx2'
 """
 
 from __future__ import annotations

@@ -58,9 +58,9 @@ enum { MODE_PAIRS, MODE_BITS32, MODE_BITS64, MODE_UNIT32, MODE_NORMAL_PRE,
 
 typedef struct {
   int mode;
-  const uint32_t *keys; /* nkeys pairs of words; MODE_ERFINV_*: the log1p values */
-  int64_t n;            /* counters per key */
-  int64_t first;        /* the first counter */
+  const uint32_t *keys; /* nkeys pairs of words; MODE_ERFINV_LT/GATHER: the log1p values */
+  int64_t n;            /* counters per key; MODE_ERFINV_LT: the room of its lists */
+  int64_t first;        /* the first counter; MODE_ERFINV_*: the address of the indices */
   void *out, *out2;     /* MODE_FOLD: out2 holds one uint32 counter per key */
   double a, b;
 } job_t;

@@ -342,6 +342,8 @@ def _range32(key: Tensor, shape: tuple[int, ...], minval: float, maxval: float):
     steps (``u * (hi - lo)`` is exact there, then one rounded add, one rounding to
     float32) and ``max(lo, .)``; None where the kernel does not serve or the bounds are
     not finite or ``lo`` is -0.0 (``maximum``'s choice between zeros)."""
+    if torch.compiler.is_compiling():  # (dynamo traces the torch ops, not struct)
+        return None
     lo, hi = _f32(minval), _f32(maxval)
     if lo is None or hi is None or (lo == 0 and math.copysign(1.0, lo) < 0):
         return None

@@ -3,8 +3,12 @@ into the wheel, which installs into a fresh venv and draws through the extension
 process with no C compiler (``CC=/bin/false``, no PATH) and an empty home: nothing is
 compiled or loaded from a writable place at run time.
 
-Marked ``slow`` (~30 s idle, ~1 min on a loaded 2-core machine: two isolated build
-environments, one compile, one venv); CI runs it. ``pytest -m "not slow"`` skips it.
+And the other side: an sdist installed where no compiler is found installs without the
+extension (it is optional), and the first draw warns once and keeps the bits.
+
+Marked ``slow`` (the two take ~1 min on this loaded 2-core machine: isolated build
+environments, one compile, two venvs); CI runs them. ``pytest -m "not slow"`` skips
+them.
 """
 
 from __future__ import annotations
@@ -48,35 +52,36 @@ def run(cmd, **kw):
     return done
 
 
-@pytest.mark.slow
-def test_wheel_built_with_python_m_build_draws_through_the_extension(tmp_path):
-    pytest.importorskip("build")
-    src, dist = tmp_path / "src", tmp_path / "dist"  # a copy: the build writes build/ there
+def source_copy(tmp_path: pathlib.Path) -> pathlib.Path:
+    """The checkout's files (the build writes build/ and *.egg-info next to them)."""
+    src = tmp_path / "src"
     skip = shutil.ignore_patterns(".*", "build", "dist", "*.egg-info", "__pycache__", "*.so")
     shutil.copytree(ROOT, src, ignore=skip)
-    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)], cwd=src)
-    (wheel,) = dist.glob("functd-*.whl")
-    assert "none-any" not in wheel.name  # a platform wheel: it holds the compiled kernel
+    return src
+
+
+def fresh_venv(tmp_path: pathlib.Path) -> pathlib.Path:
+    """A new venv that sees this environment's torch and optree, not its functd."""
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = env_dir / "bin" / "python"
     purelib = run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"])
-    # torch and optree from this environment (a path, not a site dir: none of its .pth
-    # files, so not this checkout's editable functd), the wheel installed on top
+    # a path, not a site dir: none of its .pth files, so not this checkout's editable
+    # functd
     pathlib.Path(purelib.stdout.strip(), "deps.pth").write_text(site.getsitepackages()[0])
-    run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)])
-    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    return py
+
+
+def no_compiler_env(tmp_path: pathlib.Path) -> dict:
+    home = tmp_path / "home"
     home.mkdir()
-    cwd.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "FUNCTD"))}
     env.update(CC="/bin/false", PATH="/nonexistent", HOME=str(home))
     env["XDG_CACHE_HOME"] = str(home / ".cache")
-    done = run([str(py), "-c", PROBE], cwd=cwd, env=env)
-    assert done.stderr == ""  # no warning: the extension served
-    got = json.loads(done.stdout)
-    assert pathlib.Path(got["file"]).is_relative_to(env_dir)  # the wheel's functd
-    assert pathlib.Path(got["ext"]).parent == pathlib.Path(got["file"]).parent
-    assert got["variant"] in ("avx512f", "avx2", "baseline")
+    return env
+
+
+def pure_draws() -> dict:
     keys = fr.split(fr.key(11), 3)
     saved, _fused._KERNEL = _fused._KERNEL, False  # this process, the pure path
     try:
@@ -87,5 +92,48 @@ def test_wheel_built_with_python_m_build_draws_through_the_extension(tmp_path):
         }
     finally:
         _fused._KERNEL = saved
-    assert got["draws"] == {k: v.view(torch.int32).tolist() for k, v in want.items()}
-    assert list(home.iterdir()) == [] and list(cwd.iterdir()) == []
+    return {k: v.view(torch.int32).tolist() for k, v in want.items()}
+
+
+@pytest.mark.slow
+def test_wheel_built_with_python_m_build_draws_through_the_extension(tmp_path):
+    pytest.importorskip("build")
+    src, dist = source_copy(tmp_path), tmp_path / "dist"
+    run([sys.executable, "-m", "build", "--wheel", "--outdir", str(dist), str(src)], cwd=src)
+    (wheel,) = dist.glob("functd-*.whl")
+    assert "none-any" not in wheel.name  # a platform wheel: it holds the compiled kernel
+    py = fresh_venv(tmp_path)
+    run([str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index", str(wheel)])
+    env, cwd = no_compiler_env(tmp_path), tmp_path / "cwd"
+    cwd.mkdir()
+    done = run([str(py), "-c", PROBE], cwd=cwd, env=env)
+    assert done.stderr == ""  # no warning: the extension served
+    got = json.loads(done.stdout)
+    assert pathlib.Path(got["file"]).is_relative_to(tmp_path / "venv")  # the wheel's functd
+    assert pathlib.Path(got["ext"]).parent == pathlib.Path(got["file"]).parent
+    assert got["variant"] in ("avx512f", "avx2", "baseline")
+    assert got["draws"] == pure_draws()
+    assert list(pathlib.Path(env["HOME"]).iterdir()) == [] and list(cwd.iterdir()) == []
+
+
+@pytest.mark.slow
+def test_sdist_installed_without_a_compiler_warns_once_and_keeps_the_bits(tmp_path):
+    """The extension is optional: no compiler at install, functd installs without it;
+    the first draw says why in one warning, and the pure path gives the same bits."""
+    pytest.importorskip("build")
+    src, dist = source_copy(tmp_path), tmp_path / "dist"
+    run([sys.executable, "-m", "build", "--sdist", "--outdir", str(dist), str(src)], cwd=src)
+    (sdist,) = dist.glob("functd-*.tar.gz")
+    py, env = fresh_venv(tmp_path), no_compiler_env(tmp_path)
+    # build with this environment's setuptools (the venv's own may predate bdist_wheel)
+    run([str(py), "-m", "pip", "uninstall", "-q", "-y", "setuptools"])
+    install = [str(py), "-m", "pip", "install", "-q", "--no-deps", "--no-index"]
+    run([*install, "--no-build-isolation", str(sdist)], env={**env, "PATH": os.environ["PATH"]})
+    probe = PROBE.replace('warnings.simplefilter("error")', "")
+    probe = probe.replace('"ext": sys.modules["functd._fused_ext"].__file__', '"ext": None')
+    done = run([str(py), "-W", "always", "-c", probe], cwd=tmp_path, env=env)
+    warned = [ln for ln in done.stderr.splitlines() if "RuntimeWarning" in ln]
+    assert len(warned) == 1 and "functd._fused_ext" in warned[0], done.stderr
+    assert "FUNCTD_FUSED_RANDOM=0" in warned[0]
+    got = json.loads(done.stdout)
+    assert got["variant"] is None and got["draws"] == pure_draws()
