@@ -52,6 +52,13 @@ _function_mode = torch._C._is_torch_function_mode_enabled
 _tracing = torch._C._get_tracing_state
 _VMAP = getattr(getattr(_F, "TransformType", None), "Vmap", None)
 _HOOKS = None not in (_is_wrapped, _is_batched, _dispatch_modes, _transforms, _stack, _VMAP)
+_VMAP_HOOKS = all(  # what _lift/_wrap/_under_vmap use; else vmapped draws take the pure ops
+    hasattr(_F, name)
+    for name in (
+        "maybe_get_level", "_unwrap_batched", "_add_batch_dim",
+        "pop_dynamic_layer_stack", "push_dynamic_layer_stack",
+    )
+)  # fmt: skip
 _EXT = f"{__package__}._fused_ext"  # compiled from functd/_fused_ext.c by setup.py
 _LOCK = threading.Lock()
 _KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else the run function
@@ -121,7 +128,7 @@ def _serves(key: Tensor) -> int:
         return 0
     if _transforms() is None:  # no torch.func level
         return 0 if _is_wrapped(key) else 1
-    return 2 if _vmap_only() else 0
+    return 2 if _VMAP_HOOKS and _vmap_only() else 0
 
 
 def usable(key: Tensor) -> bool:
