@@ -10,7 +10,9 @@ PYTEST_ARGS ?=
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml
+# The install step also compiles functd's C extension (functd/_fused_ext.c, see setup.py):
+# it reruns when either changes.
+$(STAMP): pyproject.toml setup.py functd/_fused_ext.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev,interop,models]"
@@ -66,4 +68,5 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
+	rm -f functd/*.so functd/*.pyd
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

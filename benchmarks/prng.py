@@ -1,14 +1,17 @@
-"""functd.random against torch's global generator: the targets of issue 11, one table.
+"""functd.random against torch's global generator: the PRNG targets of issues 11 and 22.
 
 Rows: ``normal``/``uniform`` (float32) at 4, 1024 and 2**20 draws against
 ``torch.randn``/``torch.rand``; ``split(k, 2)`` and ``fold_in(k, 7)`` on a concrete
-key; the first draw in a fresh process with an empty kernel cache. functd's
-eager path (the fused kernel, see notes/prng.md) and its pure torch-op path (the
-fallback, ``FUNCTD_FUSED_RANDOM=0``) are timed side by side with the peer,
-interleaved over rounds; each time is the best of the rounds' medians. Targets:
-<= 25 µs up to 1024 draws; <= 1.5x torch.randn / <= 1.0x torch.rand at 2**20;
-split/fold_in <= 5 µs; a cold first draw at most 2 s more than the pure path's.
-BENCH_DEVICE=cuda times the GPU (pure ops; no cold-start rows).
+key; ``fd.vmap`` of ``normal``/``uniform(k, (128, 128))`` over 64 keys against a loop
+of 64 eager draws (stacked, the same result); the first draw in a fresh process
+against a later one there (no compiler: ``CC=/bin/false``, an empty home). functd's
+fused kernel (the extension module ``functd._fused_ext``, notes/prng.md) and its pure
+torch-op path (the fallback, ``FUNCTD_FUSED_RANDOM=0``) are timed side by side with
+the peer, interleaved over rounds; each time is the best of the rounds' medians.
+Targets: <= 25 µs up to 1024 draws; <= 1.5x torch.randn / <= 1.0x torch.rand at
+2**20; split/fold_in <= 5 µs; vmapped <= 1.0x the loop; a first draw at most 0.05 s
+above a later one, with no warning. The header names the CPU, its vector extensions
+and the kernel variant serving. BENCH_DEVICE=cuda times the GPU (pure ops only).
 
 Run: .venv/bin/python benchmarks/prng.py   (BENCH_ROUNDS=3, BENCH_THREADS=2)
 """
@@ -26,20 +29,23 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 from _common import DEVICE, ON_GPU, machine, median_us, table
 
+import functd as fd
 import functd.random as fr
 from functd import _fused
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "3"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLD = """
-import time, torch
-t0 = time.perf_counter()
+FIRST = """
+import json, time, torch
 import functd.random as fr
-t1 = time.perf_counter()
-z = fr.normal(fr.key(0), (1024,))
-t2 = time.perf_counter()
+k = fr.key(0)
+t0 = time.perf_counter(); fr.normal(k, (1024,)); t1 = time.perf_counter()
+later = min(
+    (lambda t: (fr.normal(k, (1024,)), time.perf_counter() - t)[1])(time.perf_counter())
+    for _ in range(20)
+)
 import functd._fused as f
-print(__import__("json").dumps([t1 - t0, t2 - t1, bool(f._KERNEL)]))
+print(json.dumps([t1 - t0, later, f.variant()]))
 """
 
 
@@ -64,22 +70,30 @@ def best_of_rounds(fns: dict) -> dict:
     return best
 
 
-def first_draw(fused: bool, cache: str) -> tuple[float, bool]:
-    """Seconds of the first ``normal(key, (1024,))`` in a fresh process using ``cache``."""
-    env = {**os.environ, "FUNCTD_CACHE_DIR": cache, "FUNCTD_FUSED_RANDOM": str(int(fused))}
-    env["PYTHONPATH"] = ROOT
-    out = subprocess.run(
-        [sys.executable, "-c", COLD], env=env, capture_output=True, text=True, check=True
-    )
-    _, first, used = json.loads(out.stdout.strip().splitlines()[-1])
-    return first, used
+def cpu_flags() -> str:
+    """The CPU's wide-vector extensions (what the kernel variants need)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((ln for ln in f if ln.startswith("flags")), "").split()
+    except OSError:
+        return "unknown"
+    wide = [x for x in ("sse4_2", "avx", "avx2", "fma", "avx512f", "avx512vl") if x in flags]
+    return " ".join(wide) + ("" if "avx512f" in flags else " (no AVX-512)")
 
 
-def main() -> None:
-    if not ON_GPU:
-        torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
-    key = fr.key(0, device=DEVICE)
-    fr.normal(fr.key(0), (4,))  # load (or build) the kernel outside the timings
+def first_draw() -> tuple[float, float, str | None, str]:
+    """A fresh process: its first ``normal(key, (1024,))``, a later one, the variant, stderr."""
+    with tempfile.TemporaryDirectory() as home:
+        env = {**os.environ, "CC": "/bin/false", "HOME": home, "XDG_CACHE_HOME": home}
+        env["PYTHONPATH"] = ROOT
+        out = subprocess.run(
+            [sys.executable, "-c", FIRST], env=env, capture_output=True, text=True, check=True
+        )
+    first, later, variant = json.loads(out.stdout.strip().splitlines()[-1])
+    return first, later, variant, out.stderr.strip()
+
+
+def eager_rows(key) -> list:
     rows = []
     for dist, peer_name, peer, ours in [
         ("uniform", "torch.rand", torch.rand, fr.uniform),
@@ -99,17 +113,41 @@ def main() -> None:
     for label, fn in [("`split(k, 2)`", lambda: fr.split(key, 2)), ("`fold_in(k, 7)`", lambda: fr.fold_in(key, 7))]:  # fmt: skip
         t = best_of_rounds({"fused": fn, "pure": pure(fn)})
         rows.append([label, t["fused"], t["pure"], "—", "—", "<= 5 µs"])
+    return rows
+
+
+def vmap_rows(key) -> list:
+    rows = []
+    keys = fr.split(key, 64)
+    for name, draw in [("normal", fr.normal), ("uniform", fr.uniform)]:
+        batched = fd.vmap(lambda k, d=draw: d(k, (128, 128)))
+        fns = {
+            "fused": lambda b=batched: b(keys),
+            "pure": pure(lambda b=batched: b(keys)),
+            "peer": lambda d=draw: torch.stack([d(k, (128, 128)) for k in keys]),
+        }
+        t = best_of_rounds(fns)
+        label = f"`fd.vmap({name}(k, (128, 128)))` over 64 keys vs a loop of 64 draws"
+        rows.append([label, t["fused"], t["pure"], t["peer"], t["fused"] / t["peer"], "<= 1.0x"])
+    return rows
+
+
+def main() -> None:
     if not ON_GPU:
-        with tempfile.TemporaryDirectory() as cache:
-            base, _ = first_draw(False, cache)
-            cold, used = first_draw(True, cache)  # builds the kernel into the empty folder
-            warm, _ = first_draw(True, cache)  # loads it
-        extra = f"{cold - base:+.2f} s" + ("" if used else " (no kernel!)")
-        label = "first draw, fresh process, empty kernel cache (s)"
-        rows.append([label, round(cold, 3), round(base, 3), "—", extra, "<= +2 s"])
-        label = "first draw, fresh process, kernel cached (s)"
-        rows.append([label, round(warm, 3), round(base, 3), "—", f"{warm - base:+.2f} s", "—"])
-    print(f"{machine()}, load {os.getloadavg()[0]:.1f}, best of {ROUNDS} interleaved medians\n")
+        torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "2")))
+    key = fr.key(0, device=DEVICE)
+    fr.normal(fr.key(0), (4,))  # import the kernel outside the timings
+    rows = eager_rows(key) + vmap_rows(key)
+    if not ON_GPU:
+        first, later, variant, err = first_draw()
+        extra = f"{first - later:+.3f} s" + ("" if variant else " (no kernel!)")
+        extra += f" (stderr: {err!r})" if err else ", no warning"
+        label = "first draw vs a later one, fresh process, CC=/bin/false, empty home (s)"
+        rows.append([label, round(first, 4), "—", round(later, 5), extra, "<= +0.05 s"])
+    print(
+        f"{machine()}, load {os.getloadavg()[0]:.1f}, best of {ROUNDS} interleaved medians\n"
+        f"CPU vector extensions: {cpu_flags()}; kernel variant: {_fused.variant()}\n"
+    )
     header = ["work", "functd fused (µs)", "functd pure-op (µs)", "peer (µs)", "fused / peer"]
     print(table([*header, "target"], rows))
 

@@ -3,7 +3,7 @@
 jax draws a normal as ``sqrt(2) * erf_inv(u)`` with XLA's polynomial; computing it
 op for op in torch keeps ``fd.random.normal`` bit-equal to ``jax.random.normal``
 (torch.erfinv is more accurate in the tails, so it would differ there). The fused
-kernel (``_fused_c.py``, ``MODE_ERFINV``) evaluates the same polynomial.
+kernel (``_fused_ext.c``, ``MODE_ERFINV``) evaluates the same polynomial.
 
 Example:
     >>> _sqrt2_erfinv(torch.tensor([0.0, 0.5]), torch.float32)

@@ -1,167 +1,82 @@
-"""Fused eager CPU kernels for ``functd.random``: one C call per draw instead of ~500 ops.
+"""Fused CPU kernels for ``functd.random``: one C call per draw instead of ~500 ops.
 
-The first eligible draw in a process builds ``_fused_c.SOURCE`` with the system C
-compiler (``$CC``, else ``cc``) into a cache folder (``$FUNCTD_CACHE_DIR``, else
-``$XDG_CACHE_HOME/functd`` or ``~/.cache/functd``), keyed by a hash of the source,
-the flags, Python and the CPU, and loads it: as a CPython extension where Python.h
-is found (~0.1 µs a call), else as a plain library through ctypes (~1.5 µs a call);
-later processes only load it.
-Where that fails (no compiler, a compile error, an unwritable folder), ONE
-``RuntimeWarning`` names the reason and every draw keeps the pure-op path, which
-gives the same bits. ``FUNCTD_FUSED_RANDOM=0`` chooses the pure path silently.
+The kernels are the extension module ``functd._fused_ext`` (``functd/_fused_ext.c``),
+compiled when the package is built or installed (setup.py); nothing is compiled or
+loaded from elsewhere at run time. Where the extension is missing (an sdist installed
+without a compiler, a platform without a build), or was built for another version of
+this file, ONE ``RuntimeWarning`` names the reason and every draw keeps the pure-op
+path, which gives the same bits. ``FUNCTD_FUSED_RANDOM=0`` chooses the pure path
+silently.
 
-Only plain eager CPU tensors take the kernel: not under ``torch.func``
-transforms, ``torch.compile``/dynamo, ``torch.jit`` tracing, a dispatch mode
-(FakeTensor) or a function mode (``with torch.device(...)``), nor for meta/CUDA
-keys; there the pure ops run (and the outer transform fuses them).
+Keys served: plain eager CPU tensors, and under ``torch.func.vmap``/``fd.vmap`` (nested
+too, any ``in_dims``) batched CPU keys: their batch dims are unwrapped, the draw runs as
+ONE kernel call over every key of every level, and the result is wrapped back at the
+same levels (``_lift``/``_wrap``). Everywhere else the pure ops run: under
+``torch.compile``/dynamo, ``torch.func.grad``/``jvp`` levels, ``torch.jit`` tracing, a
+dispatch mode (FakeTensor), a function mode (``with torch.device(...)``), meta/CUDA keys.
 See notes/prng.md for the design and figures.
 
 Example:
-    >>> out = run(MODE_UNIT32, functd.random.key(0), (4,), torch.float32)  # None: pure path
+    >>> u = run(MODE_UNIT32, functd.random.key(0), (4,), torch.float32)  # None: pure path
+    >>> variant()  # the instruction set the kernel runs with
+    'avx2'
 """
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-import importlib.machinery
-import importlib.util
+import importlib
 import math
 import os
-import pathlib
-import platform
-import shlex
-import shutil
-import subprocess
-import sys
-import sysconfig
-import tempfile
 import threading
 import warnings
 
 import torch
 from torch import Tensor
 
-from ._fused_c import SOURCE
-
-# The kernel's modes (the enum at the top of SOURCE).
+# The kernel's modes (the enum of _fused_ext.c) and the calling convention's version.
 MODE_PAIRS, MODE_BITS32, MODE_BITS64, MODE_UNIT32, MODE_NORMAL_PRE = range(5)
-MODE_AFFINE32, MODE_NEG32, MODE_UNIT64, MODE_ERFINV = range(5, 9)
-_FLAGS = ("-O3", "-fPIC", "-shared", "-pthread", "-ffp-contract=off", "-fno-math-errno")
-_THREADED = 32768  # the kernel's threshold for splitting a draw over threads
+MODE_AFFINE32, MODE_NEG32, MODE_UNIT64, MODE_ERFINV_LT, MODE_RANGE32, MODE_FOLD = range(5, 11)
+MODE_ERFINV_GATHER, MODE_ERFINV_GT = 11, 12
+VERSION = 4
+_THREADED = 1 << 18  # draws this large are shared by torch.get_num_threads() threads
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
 _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
 
-_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+_F = torch._C._functorch
+_is_wrapped = getattr(_F, "is_functorch_wrapped_tensor", None)
+_is_batched = getattr(_F, "is_batchedtensor", None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
-_transforms = getattr(torch._C._functorch, "peek_interpreter_stack", None)
+_transforms = getattr(_F, "peek_interpreter_stack", None)
+_stack = getattr(_F, "get_interpreter_stack", None)
 _function_mode = torch._C._is_torch_function_mode_enabled
 _tracing = torch._C._get_tracing_state
-_HOOKS = None not in (_is_wrapped, _dispatch_modes, _transforms)  # else: pure path always
+_VMAP = getattr(getattr(_F, "TransformType", None), "Vmap", None)
+_HOOKS = None not in (_is_wrapped, _is_batched, _dispatch_modes, _transforms, _stack, _VMAP)
+_VMAP_HOOKS = all(  # what _lift/_wrap/_under_vmap use; else vmapped draws take the pure ops
+    hasattr(_F, name)
+    for name in (
+        "maybe_get_level", "_unwrap_batched", "_add_batch_dim",
+        "pop_dynamic_layer_stack", "push_dynamic_layer_stack",
+    )
+)  # fmt: skip
+_EXT = f"{__package__}._fused_ext"  # compiled from functd/_fused_ext.c by setup.py
 _LOCK = threading.Lock()
-_KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else (draw, run)
+_KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else the run function
 
 
-class _Unavailable(Exception):
-    """Why the kernel cannot be built or loaded (the warning's reason)."""
-
-
-def cache_dir() -> pathlib.Path:
-    """Where built kernels live: ``$FUNCTD_CACHE_DIR`` or the user's cache folder."""
-    if os.environ.get("FUNCTD_CACHE_DIR"):
-        return pathlib.Path(os.environ["FUNCTD_CACHE_DIR"])
-    if os.environ.get("XDG_CACHE_HOME"):
-        return pathlib.Path(os.environ["XDG_CACHE_HOME"]) / "functd"
-    home = os.path.expanduser("~")
-    if home == "~":  # no home folder: never a path relative to the cwd
-        return pathlib.Path(tempfile.gettempdir()) / "functd-cache"
-    return pathlib.Path(home) / ".cache" / "functd"
-
-
-def _cpu_tag() -> str:
-    """The CPU's feature flags (a kernel built with -march=native runs only there)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith(("flags", "Features"))), "")
-    except OSError:
-        return platform.processor()
-
-
-def _compile(cc: list[str], extra: list[str], folder: pathlib.Path) -> pathlib.Path:
-    """Build (or find) the shared library for these flags; raise _Unavailable on failure."""
-    tag = "\0".join([SOURCE, *cc, *_FLAGS, *extra, sys.version, platform.machine(), _cpu_tag()])
-    lib = folder / f"threefry-{hashlib.sha256(tag.encode()).hexdigest()[:20]}.so"
-    if lib.exists():
-        return lib
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-    os.close(fd)
-    try:
-        cmd = [*cc, *_FLAGS, *extra, "-x", "c", "-", "-o", tmp]
-        done = subprocess.run(cmd, input=SOURCE, capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            raise _Unavailable(f"`{shlex.join(cmd[:1])}` failed: {last}")
-        os.replace(tmp, lib)  # atomic: concurrent builders never see half a file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return lib
-
-
-def _open(lib: pathlib.Path, python: bool):
-    """``(draw, run)``: callables taking (op, keys, total, n, first, out[, out2, a, b])."""
-    if python:  # the CPython extension: one function for both
-        loader = importlib.machinery.ExtensionFileLoader("_functd_threefry", str(lib))
-        module = importlib.util.module_from_spec(
-            importlib.util.spec_from_loader(loader.name, loader)
+def _import():
+    """The extension's ``run``; raise ImportError naming why it cannot serve."""
+    ext = importlib.import_module(_EXT)
+    if getattr(ext, "VERSION", None) != VERSION:
+        raise ImportError(
+            f"{ext.__file__} was built from another version of the kernel "
+            f"(version {getattr(ext, 'VERSION', None)}, this functd needs {VERSION})"
         )
-        loader.exec_module(module)
-        return module.run, module.run
-    dll = ctypes.CDLL(str(lib))
-    draw, run = dll.fd_draw, dll.fd_run
-    i32, i64, ptr, f64 = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_double
-    draw.argtypes = [i32, ptr, i64, i64, i64, ptr]
-    run.argtypes = [i32, ptr, i64, i64, i64, ptr, ptr, f64, f64]
-    draw.restype = run.restype = i32
-    return draw, run
-
-
-def _build():
-    """Find or build the kernel and load it: a CPython extension, else a ctypes library."""
-    cc = shlex.split(os.environ.get("CC") or "cc")
-    if not cc or shutil.which(cc[0]) is None:
-        raise _Unavailable(f"no C compiler: {cc[0] if cc else '$CC'!r} was not found (set CC)")
-    folder = cache_dir()
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()  # writable?
-    except OSError as e:
-        raise _Unavailable(f"the cache folder {str(folder)!r} is not writable ({e})") from None
-    # -march=native vectorises the hash for this CPU; Python.h may be missing
-    include = sysconfig.get_paths().get("include") or ""
-    ext = ["-DFD_PYTHON", f"-I{include}"]
-    if sys.platform == "darwin":
-        ext += ["-undefined", "dynamic_lookup"]
-    tries = [(True, [*ext, "-march=native"]), (False, ["-march=native"]), (False, [])]
-    if not os.path.exists(os.path.join(include, "Python.h")):
-        tries = tries[1:]
-    error: Exception | None = None
-    for python, extra in tries:
-        try:
-            return _open(_compile(cc, extra, folder), python)
-        except (
-            _Unavailable,
-            OSError,
-            ImportError,
-            AttributeError,
-            subprocess.SubprocessError,
-        ) as e:
-            error = e
-    raise _Unavailable(f"compiling the kernel failed ({error})")
+    return ext.run
 
 
 def _load():
-    """The kernel, built once per process (under a lock); False where unavailable."""
+    """The kernel, imported once per process (under a lock); False where unavailable."""
     global _KERNEL
     reason = None
     with _LOCK:
@@ -170,39 +85,122 @@ def _load():
                 _KERNEL = False
             else:
                 try:
-                    _KERNEL = _build()
-                except _Unavailable as e:
+                    _KERNEL = _import()
+                except ImportError as e:
                     _KERNEL, reason = False, str(e)
     if reason is not None:
         warnings.warn(
-            f"functd.random: the fused CPU kernel is unavailable: {reason}. Draws use the "
-            "pure torch-op path (the same bits, slower); set FUNCTD_FUSED_RANDOM=0 to "
-            "choose it without this warning.",
+            "functd.random: the fused CPU kernel (the extension module functd._fused_ext, "
+            f"compiled when functd is installed) is unavailable: {reason}. Draws use the pure "
+            "torch-op path (the same bits, slower). Reinstall functd where a C compiler is "
+            "found (`pip install -e .` in a checkout) to build it, or set "
+            "FUNCTD_FUSED_RANDOM=0 to choose the pure path without this warning.",
             RuntimeWarning,
             stacklevel=4,
         )
     return _KERNEL
 
 
+def variant() -> str | None:
+    """The instruction set the loaded kernel runs with (``avx512f``, ``avx2``,
+    ``baseline``), or None on the pure path."""
+    if not (_KERNEL if _KERNEL is not None else _load()):
+        return None
+    return importlib.import_module(_EXT).VARIANT
+
+
+def _vmap_only() -> bool:
+    """Whether every active torch.func level is a vmap (no grad/jvp/functionalize)."""
+    return all(i.key() == _VMAP for i in _stack())
+
+
+def _serves(key: Tensor) -> int:
+    """0: the pure path; 1: a plain eager CPU key; 2: a CPU key under vmap levels only."""
+    if (
+        torch.compiler.is_compiling()  # first: dynamo must see nothing else here
+        or type(key) is not Tensor
+        or not key.is_cpu
+        or not _HOOKS
+        or _dispatch_modes()
+        or _function_mode()  # e.g. `with torch.device(...)`
+        or _tracing() is not None
+    ):
+        return 0
+    if _transforms() is None:  # no torch.func level
+        return 0 if _is_wrapped(key) else 1
+    return 2 if _VMAP_HOOKS and _vmap_only() else 0
+
+
 def usable(key: Tensor) -> bool:
-    """Whether a draw from ``key`` may take the kernel: a plain eager CPU tensor."""
-    return (
-        not torch.compiler.is_compiling()  # first: dynamo must see nothing else here
-        and type(key) is Tensor
-        and key.is_cpu
-        and _HOOKS
-        and _transforms() is None  # under grad/vmap even a fresh torch.empty is wrapped
-        and not _is_wrapped(key)
-        and not _dispatch_modes()
-        and not _function_mode()  # e.g. `with torch.device(...)`
-        and _tracing() is None
-    )
+    """Whether a draw from ``key`` may take the kernel (a plain key or one under vmap)."""
+    return bool(_serves(key)) and bool(_KERNEL if _KERNEL is not None else _load())
+
+
+# -- under vmap: unwrap the levels, one draw, wrap back -------------------------------
+
+
+def _lift(tensors: tuple[Tensor, ...]):
+    """Plain tensors ``(*level sizes, *logical shape)`` and the vmap levels, lowest first.
+
+    Each batched tensor is unwrapped level by level; its batch dims move to the front,
+    in level order, with a size-1 dim for a level it is not batched at. None where a
+    tensor holds another torch.func wrapper.
+    """
+    unwrapped = []
+    for t in tensors:
+        dims: dict[int, int] = {}
+        bdims = []
+        while _is_batched(t):
+            level = _F.maybe_get_level(t)
+            t, bdim = _F._unwrap_batched(t, level)
+            bdims.append((level, bdim))
+        if _is_wrapped(t):
+            return None
+        phys = list(range(t.ndim))
+        for level, bdim in reversed(bdims):  # the lowest level wraps the plain tensor
+            dims[level] = phys.pop(bdim)
+        unwrapped.append((t, dims, phys))
+    levels = sorted({lv for _, dims, _ in unwrapped for lv in dims})
+    out = []
+    for t, dims, phys in unwrapped:
+        t = t.permute(*[dims[lv] for lv in levels if lv in dims], *phys)
+        for i, lv in enumerate(levels):
+            if lv not in dims:
+                t = t.unsqueeze(i)
+        out.append(t)
+    return out, levels
+
+
+def _wrap(out: Tensor, levels: list[int]) -> Tensor:
+    """Wrap a plain ``(*level sizes, ...)`` result back at ``levels`` (lowest first)."""
+    for level in levels:
+        out = _F._add_batch_dim(out, 0, level)
+    return out
+
+
+def _under_vmap(fn, tensors: tuple[Tensor, ...], *args):
+    """``fn(*plain tensors, *args, number of levels)`` with every torch.func level
+    popped (plain eager ops), its result wrapped back at the levels."""
+    popped, out = [], None
+    try:
+        while _transforms() is not None:
+            popped.append(_F.pop_dynamic_layer_stack())
+        if (lifted := _lift(tensors)) is not None:
+            plain, levels = lifted
+            out = fn(*plain, *args, len(levels))
+    finally:
+        while popped:
+            _F.push_dynamic_layer_stack(popped.pop())
+    return None if out is None else _wrap(out, levels)
+
+
+# -- the draws --------------------------------------------------------------------------
 
 
 def _empty(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype, pairs: bool = False):
     """A fresh CPU output ``(*key.shape[:-1], *shape)`` (``pairs``: a trailing 2).
 
-    No device mode is on (``usable``), so it lands on the CPU; sizes as separate ints
+    No device mode is on (``_serves``), so it lands on the CPU; sizes as separate ints
     parse quicker than a tuple.
     """
     if key.ndim == 1:
@@ -226,8 +224,15 @@ def run(
     Returns a fresh ``(*key.shape[:-1], *shape)`` tensor (``MODE_PAIRS``: a trailing 2),
     or None where the kernel may not serve (the caller runs the pure ops).
     """
-    if not usable(key) or not (fns := _KERNEL if _KERNEL is not None else _load()):
+    how = _serves(key)
+    if not how or not (fn := _KERNEL if _KERNEL is not None else _load()):
         return None
+    if how == 2:
+        return _under_vmap(_run, (key,), fn, mode, shape, dtype, a, b, first)
+    return _run(key, fn, mode, shape, dtype, a, b, first)
+
+
+def _run(key, fn, mode, shape, dtype, a, b, first, nlev=0):
     key = key.contiguous()
     n = math.prod(shape)
     if key.ndim == 1:  # one key: the common case, inlined (no device mode is on: cpu)
@@ -242,28 +247,75 @@ def run(
     if total:
         threads = torch.get_num_threads() if total >= _THREADED else 1
         op, ptr = mode | threads << 8, key.data_ptr()
-        if mode == MODE_AFFINE32:
-            fns[1](op, ptr, total, n, first, out.data_ptr(), 0, a, b)
+        if mode in (MODE_AFFINE32, MODE_RANGE32):
+            fn(op, ptr, total, n, first, out.data_ptr(), 0, a, b)
         else:
-            fns[0](op, ptr, total, n, first, out.data_ptr())
+            fn(op, ptr, total, n, first, out.data_ptr())
+    return out
+
+
+def fold(key: Tensor, data: Tensor) -> Tensor | None:
+    """``fold_in(key, data)`` for an int32 tensor ``data`` (broadcast with the key batch)."""
+    how = _serves(key)
+    if not how or not data.is_cpu or not (fn := _KERNEL if _KERNEL is not None else _load()):
+        return None
+    if how == 2:
+        return _under_vmap(_fold, (key, data), fn)
+    return None if _is_wrapped(data) else _fold(key, data, fn)
+
+
+def _fold(key: Tensor, data: Tensor, fn, nlev: int = 0) -> Tensor:
+    # under vmap: (*levels, *batch) - the logical batch dims align on the right
+    kb, db = key.shape[nlev:-1], data.shape[nlev:]
+    nd = max(len(kb), len(db))
+    key = key.reshape((*key.shape[:nlev], *[1] * (nd - len(kb)), *kb, 2))
+    data = data.reshape((*data.shape[:nlev], *[1] * (nd - len(db)), *db))
+    shape = torch.broadcast_shapes(key.shape[:-1], data.shape)
+    keys = key.expand((*shape, 2)).contiguous()
+    data = data.expand(shape).contiguous()
+    out = torch.empty((*shape, 2), dtype=torch.int32)
+    if total := math.prod(shape):
+        op = MODE_FOLD | (torch.get_num_threads() if total >= _THREADED else 1) << 8
+        fn(op, keys.data_ptr(), total, 1, 0, out.data_ptr(), data.data_ptr(), 0.0, 0.0)
     return out
 
 
 def normal32(key: Tensor, shape: tuple[int, ...]) -> Tensor | None:
     """float32 ``normal``: the kernel, torch's ``log1p`` and ``sqrt`` (their bits), the kernel."""
-    if not usable(key) or not (fns := _KERNEL if _KERNEL is not None else _load()):
+    how = _serves(key)
+    if not how or not (fn := _KERNEL if _KERNEL is not None else _load()):
         return None
+    if how == 2:
+        return _under_vmap(_normal32, (key,), fn, shape)
+    return _normal32(key, fn, shape)
+
+
+def _gt_room(total: int) -> int:
+    """Room for the elements of a normal draw past XLA's first polynomial (~1 in 300)."""
+    return total // 64 + 64
+
+
+def _normal32(key: Tensor, fn, shape: tuple[int, ...], nlev: int = 0) -> Tensor:
     key = key.contiguous()
     n = math.prod(shape)
     total = n if key.ndim == 1 else n * (key.numel() // 2)
     x, t = _empty(key, shape, torch.float32), _empty(key, shape, torch.float32)
     if total:
-        fn = fns[1]
         threads = (torch.get_num_threads() if total >= _THREADED else 1) << 8
-        ptr = x.data_ptr()
-        fn(MODE_NORMAL_PRE | threads, key.data_ptr(), total, n, 0, ptr, t.data_ptr(), _NEXT_M1, 0.0)
-        # the pure path's torch ops on buffers of the same size and layout: the same bits
-        w = t.log1p_().neg_()
-        s = torch.sqrt(w)
-        fn(MODE_ERFINV | threads, ptr, total, n, 0, w.data_ptr(), s.data_ptr(), _SQRT2_32, 0.0)
-    return t
+        xp, tp = x.data_ptr(), t.data_ptr()
+        fn(MODE_NORMAL_PRE | threads, key.data_ptr(), total, n, 0, xp, tp, _NEXT_M1, 0.0)
+        t.log1p_()  # torch's log1p: its bits (the same at any position of any buffer)
+        # erf_inv's first polynomial, listing the |x| > 0.9966 that need the second one
+        # (one float32 buffer: room int64 indices, then room values of w)
+        room = _gt_room(total)
+        buf = torch.empty(3 * room)
+        at, wp = buf.data_ptr(), buf.data_ptr() + 8 * room
+        count = fn(MODE_ERFINV_LT, tp, total, room, at, xp, wp, _SQRT2_32, 0.0)
+        if count:
+            if count > room:  # (no room for all: list them again)
+                room, buf = count, torch.empty(3 * count)
+                at, wp = buf.data_ptr(), buf.data_ptr() + 8 * room
+                fn(MODE_ERFINV_GATHER, tp, total, 0, at, 0, wp, 0.0, 0.0)
+            buf[2 * room : 2 * room + count].sqrt_()  # torch's sqrt: its bits
+            fn(MODE_ERFINV_GT, 0, count, 0, at, xp, wp, _SQRT2_32, 0.0)
+    return x

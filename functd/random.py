@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import operator
+import struct
 from collections.abc import Sequence
 
 import torch
@@ -75,6 +76,7 @@ _BITS = {
     torch.uint32: (32, torch.int32), torch.int32: (32, torch.int32),
     torch.uint64: (64, torch.int64), torch.int64: (64, torch.int64),
 }  # fmt: skip
+_F32 = struct.Struct("f")
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
@@ -241,6 +243,8 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
         if not _is_int(data):
             raise TypeError(f"fold_in: `data` must be an integer tensor, got dtype {data.dtype}.")
         d = (data if data.dtype == torch.int32 else _to_i32(data.to(torch.int64))).to(key.device)
+        if (out := _fused.fold(key, d)) is not None:
+            return out
     elif isinstance(data, bool) or not isinstance(data, int):
         raise TypeError(f"fold_in: `data` must be an int or an integer tensor, got {data!r}.")
     elif not 0 <= data <= _M32:
@@ -325,6 +329,31 @@ def _scaled(u: Tensor, lo: Tensor, hi: Tensor, exact: bool = False) -> Tensor:
     return torch.maximum(lo, (u.double() * scale.double() + lo.double()).float())
 
 
+def _f32(x: float) -> float | None:
+    """``x`` rounded to float32 as ``torch.tensor(x, dtype=float32)`` does; None: not finite."""
+    try:
+        y = _F32.unpack(_F32.pack(x))[0]
+    except OverflowError:
+        return None
+    return y if math.isfinite(y) else None
+
+
+def _range32(key: Tensor, shape: tuple[int, ...], minval: float, maxval: float):
+    """float32 ``uniform`` with number bounds in one kernel call: ``_scaled``'s float64
+    steps (``u * (hi - lo)`` is exact there, then one rounded add, one rounding to
+    float32) and ``max(lo, .)``; None where the kernel does not serve or the bounds are
+    not finite or ``lo`` is -0.0 (``maximum``'s choice between zeros)."""
+    if torch.compiler.is_compiling():  # (dynamo traces the torch ops, not struct)
+        return None
+    lo, hi = _f32(minval), _f32(maxval)
+    if lo is None or hi is None or (lo == 0 and math.copysign(1.0, lo) < 0):
+        return None
+    scale = _f32(hi - lo)  # float32 hi - lo: exact in float64 or far below an ulp
+    if scale is None:
+        return None
+    return _fused.run(_fused.MODE_RANGE32, key, shape, torch.float32, scale, lo)
+
+
 def uniform(
     key: Tensor,
     shape: Shape = (),
@@ -348,13 +377,14 @@ def uniform(
         >>> u = uniform(key(0), (3,), minval=-1.0, maxval=1.0)
     """
     key, shape = _prologue("uniform", key, shape, dtype)
+    numbers = type(minval) in (int, float) and type(maxval) in (int, float)
+    unit = numbers and minval == 0 and maxval == 1
+    if numbers and not unit and dtype == torch.float32:
+        out = _range32(key, shape, minval, maxval)  # one kernel call where it serves
+        if out is not None:
+            return out
     u = _unit(key, shape, dtype)
-    if (
-        type(minval) in (int, float)
-        and type(maxval) in (int, float)
-        and minval == 0
-        and maxval == 1
-    ):
+    if unit:
         return u  # u * 1 + 0 and max(0, u) are exact no-ops
     lo = _param("uniform", "minval", minval, dtype, key.device)
     hi = _param("uniform", "maxval", maxval, dtype, key.device)

@@ -41,7 +41,7 @@ def room(mod: str) -> str:
         "_eager",
         "_threefry",
         "_fused",
-        "_fused_c",
+        "_fused_ext",
         "_erfinv",
         "_version",
     }:
@@ -62,8 +62,10 @@ def room(mod: str) -> str:
 
 
 def modules() -> dict[str, pathlib.Path]:
+    """Module name -> file: the Python files and the C sources of extension modules
+    (``functd/_fused_ext.c`` builds ``functd._fused_ext``; it imports nothing of functd)."""
     out = {}
-    for p in ROOT.rglob("*.py"):
+    for p in [*ROOT.rglob("*.py"), *ROOT.rglob("*.c")]:
         parts = ["functd", *p.relative_to(ROOT).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts = parts[:-1]
@@ -77,6 +79,9 @@ def import_graph() -> dict[str, set[str]]:
     mods = modules()
     graph: dict[str, set[str]] = {}
     for name, path in mods.items():
+        if path.suffix != ".py":
+            graph[name] = set()
+            continue
         pkg = name if path.name == "__init__.py" else name.rpartition(".")[0]
         deps = set()
         for node in ast.walk(ast.parse(path.read_text())):

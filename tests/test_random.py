@@ -205,8 +205,10 @@ def test_key_layout_and_dtypes():
 
 @pytest.mark.compile
 def test_compiled_bits_and_uniform_equal_eager():
+    # eager: the fused kernel (vmapped: one call over the keys); compiled: the torch ops
     def draw(k):
-        return fr.bits(k, (33,)), fr.uniform(k, (3, 5))
+        ranged = torch.func.vmap(lambda kk: fr.uniform(kk, (4,), minval=-1.0, maxval=2.0))
+        return fr.bits(k, (33,)), fr.uniform(k, (3, 5)), ranged(fr.split(k, 3))
 
     compiled = torch.compile(draw, fullgraph=True)
     for seed in (0, 2**40 + 7):
