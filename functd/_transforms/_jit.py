@@ -131,23 +131,26 @@ def _structure(flat: Flat, ambient: tuple) -> tuple:
     return (ambient, flat.sig[0], flat.sig[1], *[skeleton(d) for d in flat.descs])
 
 
-def _batch_dims(args: tuple, kwargs: dict) -> list[tuple]:
-    """Per tensor leaf of the call: the batch dims of the TensorDict it is in (none for
-    tensors outside TensorDicts)."""
-    out: list[tuple] = []
-    for a in (*args, *kwargs.values()):
-        for v in optree.tree_leaves(
-            a, is_leaf=lambda x: type(x) is TensorDict, namespace=NAMESPACE
-        ):
-            if type(v) is TensorDict:
-                dims = tuple(range(len(v.batch_size)))
-                out.extend(
-                    dims
-                    for t in optree.tree_leaves(v, namespace=NAMESPACE)
-                    if isinstance(t, torch.Tensor)
-                )
-            elif isinstance(v, torch.Tensor):
-                out.append(())
+def _batch_dims(flat: Flat) -> list[tuple[int, tuple]]:
+    """Per tensor leaf of the call: (its argument's position, the batch dims of the
+    TensorDict argument it is in; none for tensors outside TensorDicts). A nested
+    TensorDict's leaves take the batch dims of the TensorDict at the root."""
+    out: list[tuple[int, tuple]] = []
+    for i, d in enumerate(flat.descs):
+        if d.kind == "td":
+            dims = tuple(range(len(d.value.batch_size)))
+            out += [(i, dims)] * len(d.tensors)
+        elif d.kind == "tensor":
+            out.append((i, ()))
+        else:
+            for v in optree.tree_leaves(
+                d.value, is_leaf=lambda x: type(x) is TensorDict, namespace=NAMESPACE
+            ):
+                if type(v) is TensorDict:
+                    n = len(Flat((v,), {}, {}).tensors)
+                    out += [(i, tuple(range(len(v.batch_size))))] * n
+                elif isinstance(v, torch.Tensor):
+                    out.append((i, ()))
     return out
 
 
@@ -179,6 +182,7 @@ class _Jitted:
         self._counts = [0, 0]  # compiles, calls
         self._graphed: _Graphed | None = None
         self._fast: tuple | None = None  # the latest signature, checked without a key
+        self._varying: set[int] = set()  # arguments whose batch size was seen to change
 
     # ------------------------------------------------------------ the public surface
     def __repr__(self) -> str:
@@ -339,20 +343,28 @@ class _Jitted:
         self._lru.move_to_end(entry)
         return entry
 
-    def _dyn_dims(self, flat: Flat, args: tuple, kwargs: dict, family: list) -> tuple | None:
-        """Per input tensor, the dims to make symbolic (None: a static compilation)."""
+    def _dyn_dims(self, flat: Flat, family: list) -> tuple | None:
+        """Per input tensor, the dims to make symbolic (None: a static compilation):
+        with ``dynamic=None``, the dims that changed since the latest entry of this
+        structure, and the batch dims of the arguments whose batch size was seen to
+        change (also in another structure: a new key set compiles once, symbolic);
+        with ``dynamic=True`` every TensorDict argument's batch dims."""
         if self._dynamic is False:
             return None
         shapes = [tuple(t.shape) for t in flat.tensors]
         dims = [set() for _ in shapes]
-        if self._dynamic is True:
-            for s, b in zip(dims, _batch_dims(args, kwargs)):
-                s.update(b)
-        if family:  # the dims that changed since the latest entry of this structure
+        batch = _batch_dims(flat)
+        if family:
             ref = family[-1]
-            for s, now, before, old in zip(dims, shapes, ref.shapes, ref.dyn or [()] * len(shapes)):
+            olds = ref.dyn or [()] * len(shapes)
+            for s, now, before, old, (arg, b) in zip(dims, shapes, ref.shapes, olds, batch):
                 s.update(d for d in range(len(now)) if now[d] != before[d])
                 s.update(old)
+                if s & set(b):
+                    self._varying.add(arg)
+        for s, (arg, b) in zip(dims, batch):
+            if self._dynamic is True or arg in self._varying:
+                s.update(b)
         if not any(dims):
             return None
         return tuple(tuple(sorted(s)) for s in dims)
@@ -360,7 +372,7 @@ class _Jitted:
     def _compile(
         self, flat: Flat, args: tuple, kwargs: dict, struct: tuple, family: list
     ) -> _Entry:
-        dyn = self._dyn_dims(flat, args, kwargs, family)
+        dyn = self._dyn_dims(flat, family)
         donated = frozenset(self._donated_inputs(flat))
         name = self._name()
         traced = trace(self._f, name, flat, args, kwargs, dyn, donated)

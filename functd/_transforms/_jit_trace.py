@@ -68,7 +68,8 @@ NO_FAKE = (
     "fd.jit. (torch: {msg})"
 )
 MUTATES_INPUT = (
-    "{name}: the function writes into its input {path} ({op}). A jitted function is pure: "
+    "{name}: the function writes into its input {path} (an in-place op: x.add_(...), "
+    "x[i] = ..., x.copy_(...)). A jitted function is pure: "
     "return a new tensor instead (x + 1 rather than x.add_(1), td.set(...) rather than "
     "writing a leaf). To let fd.jit reuse an input's memory for an output, donate the "
     "argument (donate_argnums=...)."
@@ -214,7 +215,7 @@ def trace(
             torch's global generator.
         TypeError: an output leaf is neither a tensor nor a plain Python value.
     """
-    import torch._inductor.lowering  # noqa: F401 (inductor's decompositions read it)
+    import torch._inductor.lowering
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -291,7 +292,7 @@ def _check_graph(name: str, gm: torch.fx.GraphModule, flat: Flat) -> None:
             continue
         if into.op == "placeholder":
             path = flat.paths()[placeholders.index(into)]
-            raise TransformError(MUTATES_INPUT.format(name=name, path=path, op=target))
+            raise TransformError(MUTATES_INPUT.format(name=name, path=path))
         if into.op == "get_attr":
             raise TransformError(MUTATES_CONSTANT.format(name=name, op=target))
 
