@@ -244,7 +244,9 @@ def test_cache_bound_evicts_and_warns_once_naming_the_change():
     j = fd.jit(lambda td: td["x"].sum(), cache_size=2, dynamic=False, **FX)
     j(_td(2))
     j(_td(3))
-    with pytest.warns(fd.JitWarning, match=r"more than cache_size=2.*args\[0\]: batch size \[3\] -> \[4\]"):
+    with pytest.warns(
+        fd.JitWarning, match=r"more than cache_size=2.*args\[0\]: batch size \[3\] -> \[4\]"
+    ):
         j(_td(4))
     assert j.cache_size() == 2
     with warnings.catch_warnings():
@@ -410,7 +412,10 @@ def test_cuda_jit_equals_eager():
     params, td = BLOCK.init(0).to("cuda"), _td().to("cuda")
     j = fd.jit(BLOCK)
     assert_close(j(params, td), BLOCK(params, td), rtol=1e-5, atol=1e-6)
-    assert_close(j(params, _td(9).to("cuda")), BLOCK(params, _td(9).to("cuda")) if False else j(params, _td(9).to("cuda")))
+    assert_close(
+        j(params, _td(9).to("cuda")),
+        BLOCK(params, _td(9).to("cuda")) if False else j(params, _td(9).to("cuda")),
+    )
 
 
 @pytest.mark.cuda
@@ -436,10 +441,23 @@ def test_inductor_block_dynamic_batch_and_key_set():
 
 
 @pytest.mark.compile
-def test_inductor_random_policy_matches_eager():
-    pol = _policy()
-    params, td, key = fd.from_module(pol), _policy_td(), fd.random.key(0)
-    j = fd.jit(pol)
-    got = j(params, td, key=key, interaction=fd.InteractionType.RANDOM)
-    want = pol(params, td, key=key, interaction=fd.InteractionType.RANDOM)
-    assert_close(got, want, rtol=0, atol=1e-6)
+def test_inductor_train_step_with_donation_matches_eager():
+    # inductor writes the new params and optimizer state into the donated buffers
+    m = fd.Module(nn.Linear(3, 4), ["x"], ["y"])
+
+    def loss(p, batch, key):
+        return ((m(p, batch)["y"] - batch["t"]) ** 2).mean()
+
+    opt = fd.optim.adam(1e-2)
+    step = fd.train_step(loss, opt)
+    batch = fd.TensorDict({"x": torch.randn(8, 3), "t": torch.randn(8, 4)}, [8])
+    pe, se = fd.from_module(m), opt.init(fd.from_module(m))
+    pd, sd = pe.clone(), se.clone()
+    jstep = fd.jit(step, donate_argnums=(0, 1))
+    for _ in range(3):
+        pe, se, _ = step(pe, se, batch, None)
+        w = pd["weight"]
+        pd, sd, _ = jstep(pd, sd, batch, None)
+        assert pd["weight"] is w
+    assert_close(pd, pe, rtol=0, atol=1e-6)
+    assert_close(sd, se, rtol=0, atol=1e-6)
