@@ -33,7 +33,7 @@ from .._ambient import INTERACTION, snapshot
 from .._td import TensorDict
 from .._td._tree import NAMESPACE
 from ._cuda_graph import _CudaRecorder, _Graphed
-from ._jit_code import make_match
+from ._jit_code import make_match, make_outputs
 from ._jit_trace import Static, compile_graph, trace
 from ._signature import Flat, describe_change, skeleton, unhashable
 from ._vmap import TransformError
@@ -43,7 +43,8 @@ __all__ = ["CacheInfo", "JitWarning", "Lowered", "compiles", "jit"]
 _MAX_ALIASES = 256  # signatures remembered (each points to a compiled entry)
 _COUNT = [0]  # compilations by every fd.jit wrapper (functd.testing reads it)
 _peek = torch._C._functorch.peek_interpreter_stack
-_is_compiling = torch.compiler.is_compiling
+_is_dynamo = torch.compiler.is_dynamo_compiling  # folded to True by dynamo
+_compiler = torch.compiler  # ._is_compiling_flag: True in torch.export's and fd.jit's traces
 _any_autocast = torch._C._is_any_autocast_enabled
 _BACKENDS = ("inductor", "fx")
 
@@ -238,20 +239,23 @@ class _Jitted:
         return f"fd.jit({self._fname()})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._graphed is not None and not _is_compiling():
-            return self._graphed(*args, **kwargs)
-        return self._call(*args, **kwargs)
-
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
-        if _is_compiling():  # inside torch.compile, torch.export or an outer fd.jit trace
+        if _is_dynamo() or _compiler._is_compiling_flag:
+            # inside torch.compile, torch.export or an outer fd.jit trace: f is traced there
             return self._f(*args, **kwargs)
+        if self._graphed is not None:
+            return self._graphed(*args, **kwargs)
         fast = self._fast  # (entry, match, interaction) of the latest signature
         if fast is not None and _peek() is None and not _any_autocast():
             ins = fast[1](args, kwargs)
-            if ins is not None and getattr(INTERACTION, "value", None) is fast[2]:
+            if ins is not None and INTERACTION.value is fast[2]:
                 self._counts[1] += 1
-                entry = fast[0]
-                return entry.outputs(entry.run, ins)
+                return fast[0].outputs(ins)
+        return self._slow(args, kwargs)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
+        """A call without the CUDA graph wrapper (what ``cuda_graph=True`` records)."""
+        if _is_dynamo() or _compiler._is_compiling_flag:
+            return self._f(*args, **kwargs)
         return self._slow(args, kwargs)
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
@@ -280,7 +284,7 @@ class _Jitted:
             if hit[1] is None:  # generated once per signature, on its second call
                 hit[1] = make_match(flat)
             self._fast = (entry, hit[1], ambient[0])
-        return entry.outputs(entry.run, ins)
+        return entry.outputs(ins)
 
     def _wrap_static(self, args: tuple) -> tuple:
         if not self._static:
@@ -381,7 +385,13 @@ class _Jitted:
         self._counts[0] += 1
         e = _Entry()
         e.run, e.source, e.graph = run, source, traced.gm.code
-        e.out_spec, e.out_leaves, e.outputs = traced.out_spec, traced.out_leaves, traced.outputs
+        e.out_spec, e.out_leaves = traced.out_spec, traced.out_leaves
+        sources = [f"K[{i}]" for i in range(len(traced.out_leaves))]
+        for k, i in enumerate(traced.out_computed):
+            sources[i] = f"c[{k}]"
+        for i, j in (*traced.passthrough, *traced.donated):
+            sources[i] = f"ins[{j}]"
+        e.outputs = make_outputs(traced.out, traced.out_spec, sources, traced.out_leaves, run)
         e.out_computed, e.passthrough, e.donated = (
             traced.out_computed,
             traced.passthrough,

@@ -10,7 +10,7 @@ call of a known signature runs a handful of Python lines around the compiled cod
   insertion order and each leaf's type, shape, dtype, strides, device and
   ``requires_grad``; a tensor by the same per-leaf test; anything else by its
   signature key (``_signature.Desc``).
-- ``outputs(run, ins)``: run the compiled code on the flat inputs and rebuild
+- ``outputs(ins)``: run the compiled code on the flat inputs and rebuild
   the output tree: TensorDicts are allocated with their dict, batch size (the
   traced one when static, the first leaf's when symbolic) and key spec through
   the slot setters; tuples, lists, None and constants are written out; any
@@ -21,7 +21,7 @@ call of a known signature runs a handful of Python lines around the compiled cod
 Example:
     >>> match = make_match(flat)
     >>> ins = match((params, td), {})       # None when the signature differs
-    >>> out = make_outputs(traced)(run, ins)
+    >>> out = make_outputs(out, spec, sources, constants, run)(ins)
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from torch import Tensor
 
 from .._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec
 from .._td._tree import NAMESPACE, spec_of
+from ._jit_trace import Direct
 from ._signature import Desc, Flat
 
 __all__ = ["make_match", "make_outputs", "source"]
@@ -214,18 +215,26 @@ def _td_node(c: _Code, td: TensorDict, leaves: list[str]) -> str:
 
 
 def make_outputs(
-    out: Any, spec: optree.PyTreeSpec, sources: list[str], constants: list
-) -> Callable[[Callable, list], Any]:
-    """``outputs(run, ins)``: ``run(list(ins))`` then the output tree. ``sources`` is
-    the expression of each output leaf (``c[i]``: the i-th computed output; ``ins[j]``:
-    an input passed through or donated; ``K[i]``: the constant ``constants[i]``)."""
+    out: Any, spec: optree.PyTreeSpec, sources: list[str], constants: list, run: Callable
+) -> Callable[[list], Any]:
+    """``outputs(ins)``: run the compiled code on ``ins``, then build the output tree.
+    ``sources`` is the expression of each output leaf (``c[i]``: the i-th computed
+    output; ``ins[j]``: an input passed through or donated; ``K[i]``: the constant
+    ``constants[i]``). ``run`` is called on a copy of ``ins`` (it may consume its
+    list), or, for inductor's C++ entry point (``Direct``), inline."""
     c = _Code()
     c.ns["K"] = constants
-    c.lines.append("c = run(list(ins))")
+    if isinstance(run, Direct):
+        c.ns.update(_alloc_h=run.alloc, _entry=run.entry, _steal=run.steal)
+        first = "c = _steal(_entry(_alloc_h(ins)))"
+    else:
+        c.ns["_run"] = run
+        first = "c = _run(list(ins))"
+    c.lines.append(first)
     try:
         body = _node(c, out, list(sources))
     except _Unsupported:
-        c.lines = ["c = run(list(ins))"]
+        c.lines = [first]
         body = f"_unflatten({c.const('SPEC', spec)}, [{', '.join(sources)}])"
     c.lines.append(f"return {body}")
-    return c.build("def outputs(run, ins):", "<fd.jit outputs>")
+    return c.build("def outputs(ins):", "<fd.jit outputs>")

@@ -32,13 +32,17 @@ import torch
 from torch import Tensor
 
 from .._td._tree import NAMESPACE
-from ._jit_code import make_outputs
 from ._signature import Flat
 from ._vmap import TransformError
 
-__all__ = ["Static", "Traced", "compile_graph", "trace"]
+__all__ = ["Direct", "Static", "Traced", "compile_graph", "trace"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
+# A CPU loop of the compiled code runs on several threads only when each gets at least
+# this many elements: ATen's grain size (eager's rule), not inductor's default of 512.
+# The graphs fd.jit sees are small models (many short kernels), where a fork-join per
+# kernel costs more than it saves, and stalls whenever another process holds a core.
+GRAIN = 32768
 _CONSTANT_TYPES = (
     type(None),
     bool,
@@ -123,10 +127,10 @@ class Traced:
         "fakes",
         "gm",
         "guards",
+        "out",
         "out_computed",
         "out_leaves",
         "out_spec",
-        "outputs",
         "passthrough",
         "shape_env",
     )
@@ -249,12 +253,7 @@ def trace(
     t.out_leaves = [None if isinstance(v, Tensor) else v for v in leaves]
     tensor_pos = [i for i, v in enumerate(leaves) if isinstance(v, Tensor)]
     _split_outputs(t, gm, tensor_pos, donated)
-    sources = [f"K[{i}]" for i in range(len(leaves))]
-    for k, i in enumerate(t.out_computed):
-        sources[i] = f"c[{k}]"
-    for i, j in (*t.passthrough, *t.donated):
-        sources[i] = f"ins[{j}]"
-    t.outputs = make_outputs(out, spec, sources, t.out_leaves)
+    t.out = out
     t.guards = (
         env.produce_guards_expression(fakes, ignore_static=False) if dyn is not None else None
     )
@@ -375,18 +374,38 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
         return (lambda ins: ()), None  # nothing computed: every output is an input
     if backend == "fx":
         return (lambda ins: gm(*ins)), None
+    import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
     cpu = all(x.device.type == "cpu" for x in t.fakes)
-    with _tracing():
+    options = {
+        "cpp.min_chunk_size": GRAIN,
+        # a matmul with one row (batch 1) on the CPU as a fused multiply-and-sum rather
+        # than a BLAS call (inductor's own pass, off by default): 3 addmm of the tutorial
+        # block cost ~5 µs each in MKL's call overhead, the fused loops under 1 µs
+        "post_grad_fusion_options": {"decompose_mm_pass": {}},
+    }
+    with _tracing(), inductor_config.patch(options):
         compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
     return _direct(compiled.current_callable), getattr(compiled, "source_code", None)
 
 
-def _direct(run: Callable) -> Callable:
+class Direct:
     """The C++ wrapper's entry point called without its Python shim (inductor's ``g``:
-    a per-input isinstance loop around the same three calls); any other callable
-    (a Python wrapper, inductor's input-realigning wrapper) is returned as it is."""
+    a per-input isinstance loop around the same three calls)."""
+
+    __slots__ = ("alloc", "entry", "steal")
+
+    def __init__(self, alloc: Callable, entry: Callable, steal: Callable) -> None:
+        self.alloc, self.entry, self.steal = alloc, entry, steal
+
+    def __call__(self, ins: list) -> list:
+        return self.steal(self.entry(self.alloc(ins)))
+
+
+def _direct(run: Callable) -> Callable:
+    """``Direct`` for inductor's C++ wrapper shim; any other callable (a Python
+    wrapper, inductor's input-realigning wrapper) as it is."""
     cells = getattr(run, "__closure__", None)
     if getattr(run, "__name__", "") != "g" or not cells or len(cells) != 1:
         return run
@@ -396,4 +415,4 @@ def _direct(run: Callable) -> Callable:
     steal = getattr(aoti, "alloc_tensors_by_stealing_from_void_ptrs", None)
     if type(entry).__name__ != "builtin_function_or_method" or alloc is None or steal is None:
         return run
-    return lambda ins: steal(entry(alloc(ins)))
+    return Direct(alloc, entry, steal)
