@@ -7,9 +7,10 @@ call of a known signature runs a handful of Python lines around the compiled cod
 - ``match(args, kwargs)``: the call's tensor leaves when it has that signature,
   else None. An argument passed again (the same TensorDict object) is recognised
   by identity; a TensorDict without nested ones by its batch size, its keys in
-  insertion order and each leaf's type, shape, dtype, strides, device and
-  ``requires_grad``; a tensor by the same per-leaf test; anything else by its
-  signature key (``_signature.Desc``).
+  insertion order, at every level) and each leaf's type, shape, dtype, strides,
+  device and ``requires_grad`` (dynamo's C++ ``TensorGuards``, one call per
+  argument); a tensor by the same test; anything else by its signature key
+  (``_signature.Desc``).
 - ``outputs(ins)``: run the compiled code on the flat inputs and rebuild
   the output tree: TensorDicts are allocated with their dict, batch size (the
   traced one when static, the first leaf's when symbolic) and key spec through
@@ -38,8 +39,6 @@ from ._jit_trace import Direct
 from ._signature import Desc, Flat
 
 __all__ = ["make_match", "make_outputs", "source"]
-
-_UNROLL = 8  # leaves of a TensorDict argument tested line by line (a loop past it)
 
 
 class _Code:
@@ -78,34 +77,64 @@ def source(fn: Callable) -> str:
 
 
 # ------------------------------------------------------------------ match
-def _leaf_test(c: _Code, x: str, v: Tensor) -> str:
-    s, st = c.const("S", v.shape), c.const("ST", v.stride())
-    ty, dt, dev = c.const("TY", type(v)), c.const("DT", v.dtype), c.const("DV", v.device)
-    return (
-        f"type({x}) is not {ty} or {x}.shape != {s} or {x}.dtype is not {dt} or "
-        f"{x}.stride() != {st} or {x}.device != {dev} or {x}.requires_grad"
-    )
+def _guard(c: _Code, tensors: list[Tensor]) -> str:
+    """The name of a check of ``tensors``' type, dispatch keys, shape, strides, dtype,
+    device and requires_grad: dynamo's C++ ``TensorGuards`` (one call for all of
+    them, ~0.1 µs a tensor), or the same tests in Python where torch lacks it."""
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        g = TensorGuards(
+            *tensors,
+            dynamic_dims_sizes=[list(t.shape) for t in tensors],
+            dynamic_dims_strides=[list(t.stride()) for t in tensors],
+        )
+        return c.const("G", g.check)
+    except (ImportError, TypeError, RuntimeError):
+        return c.const("G", _PyCheck(tensors))
+
+
+class _PyCheck:
+    def __init__(self, tensors: list[Tensor]) -> None:
+        self.metas = [(type(v), v.shape, v.dtype, v.stride(), v.device) for v in tensors]
+
+    def __call__(self, *xs: Tensor) -> bool:
+        for x, (ty, s, dt, st, dv) in zip(xs, self.metas):
+            if (
+                type(x) is not ty
+                or x.shape != s
+                or x.dtype is not dt
+                or x.stride() != st
+                or x.device != dv
+                or x.requires_grad
+            ):
+                return False
+        return True
 
 
 def _td_lines(c: _Code, a: str, out: str, d: Desc) -> None:
-    ((keys, _types, bs),) = d.key.value[0]
-    k, b = c.const("K", keys), c.const("BS", bs)
-    c.lines.append(f"if type({a}) is not _TD or {a}._batch_size != {b} or tuple({a}._data) != {k}:")
-    c.lines.append("    return None")
-    c.lines.append(f"{out} = list({a}._data.values())")
-    if len(d.tensors) <= _UNROLL:
-        for j, v in enumerate(d.tensors):
-            c.lines.append(f"x = {out}[{j}]")
-            c.lines.append(f"if {_leaf_test(c, 'x', v)}:")
-            c.lines.append("    return None")
-        return
-    metas = c.const("M", [(type(v), v.shape, v.dtype, v.stride(), v.device) for v in d.tensors])
-    c.lines.append(f"for x, (ty, s, dt, st, dv) in zip({out}, {metas}):")
-    c.lines.append(
-        "    if type(x) is not ty or x.shape != s or x.dtype is not dt or "
-        "x.stride() != st or x.device != dv or x.requires_grad:"
-    )
-    c.lines.append("        return None")
+    """Lines checking that ``a`` is a TensorDict laid out as ``d`` (its nodes' batch
+    sizes, keys in order, entry kinds) and binding ``out`` to its leaves in order."""
+    nodes = iter(d.key.value[0])  # preorder: (keys, entry types, batch size)
+    leaves: list[str] = []
+
+    def node(expr: str) -> None:
+        keys, types, bs = next(nodes)
+        n = f"n{len(c.lines)}"
+        k, b = c.const("K", keys), c.const("BS", bs)
+        c.lines.append(
+            f"if type({expr}) is not _TD or {expr}._batch_size != {b} or tuple({expr}._data) != {k}:"
+        )
+        c.lines.append("    return None")
+        c.lines.append(f"{n} = list({expr}._data.values())")
+        for i, ty in enumerate(types):
+            if ty is TensorDict:
+                node(f"{n}[{i}]")
+            else:
+                leaves.append(f"{n}[{i}]")
+
+    node(a)
+    c.lines.append(f"{out} = [{', '.join(leaves)}]")
 
 
 def make_match(flat: Flat) -> Callable[[tuple, dict], list | None]:
@@ -129,7 +158,7 @@ def make_match(flat: Flat) -> Callable[[tuple, dict], list | None]:
     for i, (a, d) in enumerate(zip(names, flat.descs)):
         out = f"i{i}"
         if d.kind == "tensor":
-            c.lines.append(f"if {_leaf_test(c, a, d.value)}:")
+            c.lines.append(f"if not {_guard(c, [d.value])}({a}):")
             c.lines.append("    return None")
             parts.append(f"{a},")
             continue
@@ -137,16 +166,18 @@ def make_match(flat: Flat) -> Callable[[tuple, dict], list | None]:
             c.lines.append(f"if {a} is not None:")
             c.lines.append("    return None")
             continue
-        if type(d.value) is TensorDict:  # passed again: known by identity
+        if d.kind == "td":  # passed again: its layout is known by identity
+            g = _guard(c, d.tensors)
             c.lines.append(f"if {a} is {c.const('O', d.value)}:")
             c.lines.append(f"    {out} = {c.const('T', d.tensors)}")
             c.lines.append("else:")
             at = len(c.lines)
-            if d.kind == "td" and len(d.key.value[0]) == 1:
-                _td_lines(c, a, out, d)
-            else:
-                _generic_lines(c, a, out, d)
+            _td_lines(c, a, out, d)
             c.lines[at:] = ["    " + ln for ln in c.lines[at:]]
+            # the leaves, in both cases (a leaf may have been switched in place since,
+            # e.g. requires_grad_())
+            c.lines.append(f"if not {g}(*{out}):")
+            c.lines.append("    return None")
         else:
             _generic_lines(c, a, out, d)
         parts.append(f"*{out},")
