@@ -21,6 +21,11 @@ BENCH_CLOCK=wall for wall time):
 Then the targets, and per-call profiles (Python frames and C calls of one call,
 ``sys.setprofile``; where the microseconds of a jitted call go).
 
+BENCH_DEVICE=cuda (``make gpu-check``): the block and the policy on the GPU, wall
+time, with ``fd.jit(..., cuda_graph=True)`` rows. BENCH_QUICK=1 runs only these rows
+(on BENCH_DEVICE; the CPU's rows of ``cuda_graph=True`` are compiled calls without
+a graph), at batch 1.
+
 Run: .venv/bin/python benchmarks/jit.py
 """
 
@@ -37,7 +42,7 @@ import torch.nn as nn
 from torch import distributions as D
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _common import CLOCK, clock_us, machine, table
+from _common import CLOCK, DEVICE, ON_GPU, clock_us, machine, table
 from tutorial_block import ResidualBlock, functd_block, pure_block
 
 import functd as fd
@@ -47,6 +52,7 @@ THREADS = int(os.environ.get("BENCH_THREADS", "2"))
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))
 RUN_TIME = float(os.environ.get("BENCH_MIN_RUN_TIME", "0.1"))
 COLD = os.environ.get("BENCH_COLD", "1") == "1"
+QUICK = os.environ.get("BENCH_QUICK", "0") == "1"
 
 
 def interleaved(fns: dict) -> dict:
@@ -137,13 +143,17 @@ def adam_rows(batch: int = 256) -> tuple[dict, float]:
 
 
 # ------------------------------------------------------------------ 3. policy
-def policy_rows(batch: int) -> tuple[dict, float, bool]:
-    torch.manual_seed(0)
-    pol = fd.ProbabilisticSequential(
+def _policy() -> fd.ProbabilisticSequential:
+    return fd.ProbabilisticSequential(
         fd.Module(nn.GRUCell(4, 8), in_keys=["input", "hidden"], out_keys=["hidden"]),
         fd.Module(fd.NormalParamExtractor(), in_keys=["hidden"], out_keys=["loc", "scale"]),
         fd.Probabilistic(["loc", "scale"], ["action"], D.Normal, return_log_prob=True),
     )
+
+
+def policy_rows(batch: int) -> tuple[dict, float, bool]:
+    torch.manual_seed(0)
+    pol = _policy()
     params = fd.from_module(pol)
     x, h = torch.randn(batch, 4), torch.randn(batch, 8)
     key = fd.random.key(0)
@@ -260,6 +270,61 @@ def profile_block() -> list[list]:
     return rows
 
 
+# ------------------------------------------------------------------ GPU
+def gpu_rows(batch: int) -> list[list]:
+    """The block and the RANDOM policy on ``DEVICE``: eager, compiled, jitted, graphed."""
+    torch.manual_seed(0)
+    ref = ResidualBlock().to(DEVICE)
+    x = torch.randn(batch, 3, device=DEVICE)
+    flat = {k: v.detach() for k, v in ref.state_dict().items()}
+    block, params = functd_block(ref)
+    chand = torch.compile(pure_block)
+    jblock, gblock = fd.jit(block), fd.jit(block, cuda_graph=True)
+    fns = {
+        "block: hand-written F.* eager": lambda: pure_block(flat, x),
+        "block: hand-written, torch.compile": lambda: chand(flat, x),
+        "block: functd Sequential eager": lambda: block(params, fd.TensorDict({"x": x}, [batch])),
+        "block: fd.jit(block)": lambda: jblock(params, fd.TensorDict({"x": x}, [batch])),
+        "block: fd.jit(block, cuda_graph=True)": lambda: gblock(
+            params, fd.TensorDict({"x": x}, [batch])
+        ),
+    }
+    pol = _policy()
+    pparams = fd.from_module(pol).to(DEVICE)
+    inp, hid = torch.randn(batch, 4, device=DEVICE), torch.randn(batch, 8, device=DEVICE)
+    key, rnd = fd.random.key(0).to(DEVICE), fd.InteractionType.RANDOM
+    jpol, gpol = fd.jit(pol), fd.jit(pol, cuda_graph=True)
+
+    def act(f):
+        td = fd.TensorDict({"input": inp, "hidden": hid}, [batch])
+        return f(pparams, td, key=key, interaction=rnd)
+
+    fns["policy RANDOM: functd eager"] = lambda: act(pol)
+    fns["policy RANDOM: fd.jit(policy)"] = lambda: act(jpol)
+    fns["policy RANDOM: fd.jit(policy, cuda_graph=True)"] = lambda: act(gpol)
+    warm(fns)
+    for f in (jblock, gblock):
+        got = f(params, fd.TensorDict({"x": x}, [batch]))["y"]
+        torch.testing.assert_close(got, pure_block(flat, x), rtol=1e-4, atol=1e-5)
+    for f in (jpol, gpol):
+        torch.testing.assert_close(act(f)["action"], act(pol)["action"], rtol=1e-5, atol=1e-6)
+    t = interleaved(fns)
+    hand, eager_pol = t["block: hand-written F.* eager"], t["policy RANDOM: functd eager"]
+    return [
+        [batch, name, us, us / (hand if name.startswith("block") else eager_pol)]
+        for name, us in t.items()
+    ]
+
+
+def main_gpu() -> None:
+    clock = "wall time" if CLOCK == "wall" else "CPU time (process clock)"
+    print(f"# fd.jit on {DEVICE} ({machine()}; {clock})\n")
+    rows = []
+    for batch in (1,) if QUICK else (1, 256):
+        rows += gpu_rows(batch)
+    print(table(["batch", "version", "µs", "ratio to eager (hand / functd)"], rows))
+
+
 # ------------------------------------------------------------------ main
 def _ok(met: bool) -> str:
     return "met" if met else "MISSED"
@@ -339,5 +404,7 @@ def main() -> None:
 if __name__ == "__main__":
     if os.environ.get("BENCH_COLD_CHILD"):
         _cold_child(os.environ["BENCH_COLD_CHILD"])
+    elif ON_GPU or QUICK:
+        main_gpu()
     else:
         main()

@@ -242,20 +242,12 @@ class _Jitted:
         if _is_dynamo() or _compiler._is_compiling_flag:
             # inside torch.compile, torch.export or an outer fd.jit trace: f is traced there
             return self._f(*args, **kwargs)
-        if self._graphed is not None:
-            return self._graphed(*args, **kwargs)
         fast = self._fast  # (entry, match, interaction) of the latest signature
         if fast is not None and _peek() is None and not _any_autocast():
             ins = fast[1](args, kwargs)
             if ins is not None and INTERACTION.value is fast[2]:
                 self._counts[1] += 1
                 return fast[0].outputs(ins)
-        return self._slow(args, kwargs)
-
-    def _call(self, *args: Any, **kwargs: Any) -> Any:
-        """A call without the CUDA graph wrapper (what ``cuda_graph=True`` records)."""
-        if _is_dynamo() or _compiler._is_compiling_flag:
-            return self._f(*args, **kwargs)
         return self._slow(args, kwargs)
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
@@ -470,6 +462,16 @@ class _Jitted:
             )
 
 
+class _GraphedJit(_Jitted):
+    """``jit(f, cuda_graph=True)``: ``fd.cuda_graph``'s wrapper around the jitted call
+    (it warms up, records and replays the compiled code per signature)."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if _is_dynamo() or _compiler._is_compiling_flag:
+            return self._f(*args, **kwargs)
+        return self._graphed(*args, **kwargs)
+
+
 def jit(
     f: Callable | None = None,
     *,
@@ -566,12 +568,13 @@ def jit(
         raise ValueError(f"fd.jit: cache_size must be an int >= 1, got {cache_size!r}.")
     if backend not in _BACKENDS:
         raise ValueError(f"fd.jit: backend must be one of {_BACKENDS}, got {backend!r}.")
-    out = _Jitted(f, static, donate, dynamic, cache_size, backend)
-    if cuda_graph:
-        g = _Graphed(out._call, 2, True, cache_size, _CudaRecorder())
-        g._label = f"jit({out._fname()}, cuda_graph=True)"
-        g._fallback = "the compiled function runs without a CUDA graph"
-        out._graphed = g
+    if not cuda_graph:
+        return _Jitted(f, static, donate, dynamic, cache_size, backend)
+    out = _GraphedJit(f, static, donate, dynamic, cache_size, backend)
+    g = _Graphed(functools.partial(_Jitted.__call__, out), 2, True, cache_size, _CudaRecorder())
+    g._label = f"jit({out._fname()}, cuda_graph=True)"
+    g._fallback = "the compiled function runs without a CUDA graph"
+    out._graphed = g
     return out
 
 
