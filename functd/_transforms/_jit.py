@@ -3,13 +3,16 @@
 The first call per *signature* (see ``_signature``: tree structure, batch sizes,
 per tensor shape, dtype and strides, devices, non-tensor leaves, and the ambient
 interaction type and autocast state) traces ``f`` on tensors without values and
-compiles the trace with inductor (``_jit_trace``). Every later call of that
-signature flattens its arguments (a TensorDict passed again is described by
-identity), looks the signature up in one dict and calls the compiled code with
-the flat list of tensors: no dynamo frame, no guard evaluation, no AOTAutograd
-wrapper. A signature that differs from a compiled one only in some sizes (a new
-batch size) compiles once more with those dims symbolic, and that code then
-serves every size its shape guards accept, without compiling.
+compiles the trace with inductor (``_jit_trace``). A signature that differs from a
+compiled one only in some sizes (a new batch size) compiles once more with those
+dims symbolic, and that code then serves every size its shape guards accept.
+
+A call of the latest signature runs two functions generated for it
+(``_jit_code``): an argument check (identity for a TensorDict passed again, else
+its layout; its leaves' metadata in one C call) and the compiled code followed by
+the output tree, built directly: no dynamo frame, no guard evaluation, no
+AOTAutograd wrapper, no pytree walk. Any other call flattens its arguments
+(``Flat``), looks the signature up in a dict and runs the same functions.
 
 Example:
     >>> jstep = fd.jit(fd.train_step(loss, fd.optim.adam(1e-3)))
