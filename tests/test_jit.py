@@ -8,7 +8,9 @@ sweeps (every entry, values and gradients) are in test_conformance.py.
 
 from __future__ import annotations
 
+import gc
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -112,6 +114,18 @@ def test_outputs_of_every_kind():
     assert_close(out, f(x, td))
     assert out[1][2:] == [3, "tag"] and out[1][1] is None
     assert out[2].data_ptr() == x.data_ptr()  # a view of an input stays a view, as in eager
+
+
+def test_keeps_no_data_alive_past_the_latest_call_that_described_it():
+    j = fd.jit(BLOCK, **FX)
+    params, td = BLOCK.init(0), _td()
+    alive = weakref.ref(td["x"])
+    j(params, td)
+    j(params, _td())  # the same signature: checked without describing it
+    j(params, _td(5))  # a new one: described (the wrapper keeps this one)
+    del td
+    gc.collect()
+    assert alive() is None
 
 
 def test_random_policy_with_key_equals_eager_bitwise():
@@ -227,7 +241,12 @@ def test_static_argnums_close_over_values():
     x = torch.ones(2)
     assert torch.equal(j(x, 2, (0, 5)), torch.full((2,), 7.0))
     assert torch.equal(j(x, 3, (0, 5)), torch.full((2,), 8.0))
-    assert j.cache_size() == 2
+    assert torch.equal(j(x, 3.0, (0, 5)), torch.full((2,), 8.0))  # 3.0 is not 3
+    assert j.cache_size() == 3
+    t = torch.ones(2)  # a tensor as a static argument: a constant, known by identity
+    assert torch.equal(j(x, 1, t), x + 1) and j.cache_size() == 4
+    j(x, 1, t)
+    assert j.cache_size() == 4
     with pytest.raises(TypeError, match=r"static argument args\[2\] \(a list\) is not hashable"):
         j(x, 2, [0, 5])
     with pytest.raises(TypeError, match=r"static_argnums=\(1, 2\) names argument 2, but"):

@@ -219,6 +219,7 @@ class _Jitted:
         self._lru.clear()
         self._by_struct.clear()
         self._memo.clear()
+        self._varying.clear()
         if self._graphed is not None:
             self._graphed.cache_clear()
 
@@ -276,8 +277,8 @@ class _Jitted:
         if entry.donated:
             self._check_donation(entry, ins)
         elif not self._static and ambient[1] is False:
-            if hit[1] is None:  # generated once per signature, on its second call
-                hit[1] = make_match(flat)
+            if hit[1] is None:  # generated once per signature
+                hit[1] = make_match(flat, self._memo)
             self._fast = (entry, hit[1], ambient[0])
         return entry.outputs(ins)
 

@@ -5,8 +5,8 @@ Once per compiled signature two small functions are generated as source and
 call of a known signature runs a handful of Python lines around the compiled code:
 
 - ``match(args, kwargs)``: the call's tensor leaves when it has that signature,
-  else None. An argument passed again (the same TensorDict object) is recognised
-  by identity; a TensorDict without nested ones by its batch size, its keys in
+  else None. An argument passed again (the same TensorDict object, as the
+  wrapper's memo holds it) is recognised by identity; a TensorDict by its batch size, its keys in
   insertion order, at every level) and each leaf's type, shape, dtype, strides,
   device and ``requires_grad`` (dynamo's C++ ``TensorGuards``, one call per
   argument); a tensor by the same test; anything else by its signature key
@@ -20,7 +20,7 @@ call of a known signature runs a handful of Python lines around the compiled cod
 ``source(fn)`` gives the generated text of either.
 
 Example:
-    >>> match = make_match(flat)
+    >>> match = make_match(flat, memo)
     >>> ins = match((params, td), {})       # None when the signature differs
     >>> out = make_outputs(out, spec, sources, constants, run)(ins)
 """
@@ -137,10 +137,14 @@ def _td_lines(c: _Code, a: str, out: str, d: Desc) -> None:
     c.lines.append(f"{out} = [{', '.join(leaves)}]")
 
 
-def make_match(flat: Flat) -> Callable[[tuple, dict], list | None]:
+def make_match(flat: Flat, memo: dict) -> Callable[[tuple, dict], list | None]:
     """``match(args, kwargs)``: the tensor leaves of a call with ``flat``'s signature
-    (in ``flat.tensors`` order), or None."""
+    (in ``flat.tensors`` order), or None. ``memo`` is the wrapper's ``Flat`` memo
+    (argument position -> the latest TensorDict described there, and its
+    description): a TensorDict found there is known by identity. The function holds
+    no argument of its own (a data TensorDict would stay alive with it)."""
     c = _Code()
+    c.ns["MEMO"] = memo
     n, kw = flat.nargs, flat.sig[1]
     c.lines.append(f"if len(args) != {n}:")
     c.lines.append("    return None")
@@ -166,10 +170,11 @@ def make_match(flat: Flat) -> Callable[[tuple, dict], list | None]:
             c.lines.append(f"if {a} is not None:")
             c.lines.append("    return None")
             continue
-        if d.kind == "td":  # passed again: its layout is known by identity
-            g = _guard(c, d.tensors)
-            c.lines.append(f"if {a} is {c.const('O', d.value)}:")
-            c.lines.append(f"    {out} = {c.const('T', d.tensors)}")
+        if d.kind == "td":  # passed again (the wrapper's memo): its layout is known
+            g, key = _guard(c, d.tensors), c.const("KEY", d.key)
+            c.lines.append(f"m = MEMO.get({i})")
+            c.lines.append(f"if m is not None and {a} is m[0] and m[1].key == {key}:")
+            c.lines.append(f"    {out} = m[1].tensors")
             c.lines.append("else:")
             at = len(c.lines)
             _td_lines(c, a, out, d)

@@ -109,7 +109,13 @@ class Static:
         return self.hash
 
     def __eq__(self, other: object) -> bool:
-        return type(other) is Static and (other.value is self.value or other.value == self.value)
+        if type(other) is not Static:
+            return False
+        a, b = self.value, other.value
+        if a is b:
+            return True
+        # by value, type too (1 and 1.0 hash alike); a tensor only by identity
+        return type(a) is type(b) and not isinstance(a, Tensor) and bool(a == b)
 
     def __repr__(self) -> str:
         return f"static {self.value!r}"
