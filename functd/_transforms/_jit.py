@@ -71,7 +71,7 @@ _FIXES = {
 
 class JitWarning(UserWarning):
     """``fd.jit`` compiled more signatures than its ``cache_size`` (the warning names
-    what changed), or ``cuda_graph=True`` found no CUDA device."""
+    what changed between the last two)."""
 
 
 class CacheInfo(NamedTuple):
@@ -376,11 +376,12 @@ class _Jitted:
         donated = frozenset(self._donated_inputs(flat))
         name = self._name()
         traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
+        graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
         run, source = compile_graph(traced, self._backend)
         _COUNT[0] += 1
         self._counts[0] += 1
         e = _Entry()
-        e.run, e.source, e.graph = run, source, traced.gm.code
+        e.run, e.source, e.graph = run, source, graph
         e.out_spec, e.out_leaves = traced.out_spec, traced.out_leaves
         sources = [f"K[{i}]" for i in range(len(traced.out_leaves))]
         for k, i in enumerate(traced.out_computed):
@@ -524,8 +525,8 @@ def jit(
         backend: "inductor" (compiled code; its C++ wrapper on the CPU) or "fx" (the
             traced graph run as it is: for tests and debugging).
         cuda_graph: replay one CUDA graph per signature on CUDA inputs (the compiled
-            code recorded by ``fd.cuda_graph``'s recorder); without CUDA, a
-            :class:`JitWarning`-free :class:`CudaGraphWarning` and compiled calls.
+            code recorded by ``fd.cuda_graph``'s recorder, after 2 warm-up calls);
+            without CUDA, one :class:`CudaGraphWarning` and compiled calls.
 
     Returns:
         A callable with ``f``'s name and doc, and ``cache_size()``, ``cache_info()``,
