@@ -15,6 +15,7 @@ import weakref
 import pytest
 import torch
 import torch.nn as nn
+from hypothesis import given, settings
 from test_cuda_graph import FakeRecorder
 
 import functd as fd
@@ -479,3 +480,39 @@ def test_inductor_train_step_with_donation_matches_eager():
         assert pd["weight"] is w
     assert_close(pd, pe, rtol=0, atol=1e-6)
     assert_close(sd, se, rtol=0, atol=1e-6)
+
+
+# ---------------------------------------------------------------- the signature walk
+@settings(max_examples=25)
+@given(td=fd.testing.tensordicts(max_depth=3, min_keys=1))
+def test_signature_walk_rebuilds_and_keys_like_optree(td):
+    from functd._transforms._signature import Desc
+
+    d = Desc(td)
+    assert sorted(map(id, d.leaves)) == sorted(map(id, fd.tree.leaves(td)))
+    assert_close(d.rebuild(d.leaves), td)
+    assert len(d.paths()) == len(d.leaves)
+    for p, v in zip(d.paths(), d.leaves):
+        assert td[p] is v
+    again = td.apply(lambda v: v + 1)  # same layout, new values: the same key
+    assert Desc(again).key == d.key
+
+
+def test_signature_key_order_and_change_descriptions():
+    from functd._transforms._signature import Flat, describe_change
+
+    a = fd.TensorDict({"x": torch.zeros(4, 3), "y": torch.zeros(4)}, [4])
+    b = fd.TensorDict({"y": torch.zeros(4), "x": torch.zeros(4, 3)}, [4])
+
+    def sig(*args, **kw):
+        return Flat(args, kw, {}).sig
+
+    assert sig(a) != sig(b)  # insertion order is part of it (no sort per call)
+    assert "insertion order" in describe_change(sig(a), sig(b))
+    assert (
+        describe_change(sig(a), sig(a.double()))
+        == "args[0]['x']: dtype torch.float32 -> torch.float64"
+    )
+    assert describe_change(sig(a, 1), sig(a, 2)) == "args[1]: 1 -> 2"
+    c = fd.TensorDict({"x": torch.zeros(3, 4).t(), "y": torch.zeros(4)}, [4])
+    assert describe_change(sig(a), sig(c)) == "args[0]['x']: stride (3, 1) -> (1, 4)"

@@ -329,7 +329,7 @@ def describe_change(old: tuple, new: tuple) -> str:
         )
     for name, a, b in zip(_names(new[0], new[1]), old[2:], new[2:]):
         if a != b:
-            return f"{name}: {_arg_change(a.value, b.value)}"
+            return name + _arg_change(a.value, b.value)
     return "nothing (the same signature)"
 
 
@@ -347,38 +347,33 @@ def _layout(struct: Any, layout: tuple) -> tuple:
 
 
 def _arg_change(a: tuple, b: tuple) -> str:
+    """How one argument's signature changed: ``": ..."`` for the argument, or
+    ``"['x']: ..."`` for one of its leaves."""
     (spec_a, dev_a, lay_a, parts_a), (spec_b, dev_b, lay_b, parts_b) = a, b
     lay_a, lay_b = _layout(spec_a, lay_a), _layout(spec_b, lay_b)
-    if (
-        lay_a != lay_b
-        and len(lay_a) == len(lay_b)
-        and _struct_paths(spec_a) == _struct_paths(spec_b)
-    ):
+    paths_a, paths_b = _struct_paths(spec_a), _struct_paths(spec_b)
+    if lay_a != lay_b and len(lay_a) == len(lay_b) and paths_a == paths_b:
         if len(lay_a) == 1:
-            return f"batch size {list(lay_a[0])} -> {list(lay_b[0])}"
-        return f"batch sizes {[list(s) for s in lay_a]} -> {[list(s) for s in lay_b]}"
+            return f": batch size {list(lay_a[0])} -> {list(lay_b[0])}"
+        return f": batch sizes {[list(s) for s in lay_a]} -> {[list(s) for s in lay_b]}"
     if spec_a != spec_b:
-        before, now = set(_struct_paths(spec_a)), set(_struct_paths(spec_b))
+        before, now = set(paths_a), set(paths_b)
         if before != now:
-            return f"key set gained {_fmt_keys(now - before)}, lost {_fmt_keys(before - now)}"
-        if sorted(before) == sorted(now) and before == now:
-            return "the keys' insertion order changed (each order is its own signature)"
-        return "tree structure changed"
-    if lay_a != lay_b:
-        if len(lay_a) == 1 and len(lay_b) == 1:
-            return f"batch size {list(lay_a[0])} -> {list(lay_b[0])}"
-        return f"batch sizes {[list(s) for s in lay_a]} -> {[list(s) for s in lay_b]}"
-    for path, x, y in zip(_struct_paths(spec_b), parts_a, parts_b):
+            return f": key set gained {_fmt_keys(now - before)}, lost {_fmt_keys(before - now)}"
+        if paths_a != paths_b:
+            return ": the keys' insertion order changed (each order is its own signature)"
+        return ": tree structure changed"
+    for path, x, y in zip(paths_b, parts_a, parts_b):
         if x == y:
             continue
-        at = "".join(f"[{p!r}]" for p in path) or "the leaf"
+        at = "".join(f"[{p!r}]" for p in path)
         if isinstance(x[0], torch.Size) and isinstance(y[0], torch.Size):
             for what, i in (("shape", 0), ("dtype", 1), ("stride", 2)):
                 if x[i] != y[i]:
-                    a, b = (list(x[0]), list(y[0])) if i == 0 else (x[i], y[i])
-                    return f"{at}: {what} {a} -> {b}"
+                    u, v = (list(x[0]), list(y[0])) if i == 0 else (x[i], y[i])
+                    return f"{at}: {what} {u} -> {v}"
         return f"{at}: {_leaf(x)} -> {_leaf(y)}"
-    return f"devices {[str(d) for d in dev_a]} -> {[str(d) for d in dev_b]}"
+    return f": devices {[str(d) for d in dev_a]} -> {[str(d) for d in dev_b]}"
 
 
 def _leaf(part: tuple) -> str:
