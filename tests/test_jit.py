@@ -356,6 +356,17 @@ def test_errors_of_f_itself_are_kept_with_a_note():
     assert any("traced the function on tensors without values" in n for n in info.value.__notes__)
 
 
+@torch.library.custom_op("functd_test::twice_without_fake", mutates_args=())
+def _twice_without_fake(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+def test_an_op_without_a_fake_kernel_keeps_torchs_message_with_a_note():
+    with pytest.raises(RuntimeError, match="no fake impl registered") as info:
+        fd.jit(lambda x: _twice_without_fake(x) + 1, **FX)(torch.ones(3))
+    assert any("fd.jit(<lambda>) traced the function" in n for n in info.value.__notes__)
+
+
 # ---------------------------------------------------------------- composition
 def test_jit_of_vmap_and_of_grad():
     params, td = BLOCK.init(0), _td()
