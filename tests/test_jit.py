@@ -348,6 +348,9 @@ def test_inputs_requiring_grad_name_the_jit_of_grad_fix():
     td = _td(2)
     with torch.no_grad():  # no autograd graph would be built eagerly either
         assert_close(j(params, td), BLOCK(BLOCK.init(0), td))
+        j(params, td)
+    with pytest.raises(fd.TransformError, match="require grad"):
+        j(params, td)  # grad mode on again: refused, also for a signature already run
 
 
 def test_errors_of_f_itself_are_kept_with_a_note():

@@ -276,7 +276,7 @@ class _Jitted:
         ins = flat.tensors
         if entry.donated:
             self._check_donation(entry, ins)
-        elif not self._static and ambient[1] is False:
+        elif not self._static and ambient[1] is False and not flat.grad:
             if hit[1] is None:  # generated once per signature
                 hit[1] = make_match(flat, self._memo)
             self._fast = (entry, hit[1], ambient[0])
@@ -434,7 +434,12 @@ class _Jitted:
         names = [f"args[{i}]" for i in range(flat.nargs)] + [f"{k}=" for k in flat.sig[1]]
         parts = []
         for n, d in zip(names, flat.descs):
-            spec, _, layout, leaves = d.key.value
+            struct, _, layout, leaves = d.key.value
+            if d.kind == "td":
+                keys = ", ".join(repr(p[0] if len(p) == 1 else p) for p in d.paths())
+                head, layout = f"TensorDict({keys})", tuple(node[2] for node in struct)
+            else:
+                head = "tensor" if d.kind == "tensor" else str(d.spec)
             shown = ", ".join(
                 f"{p[1]}{list(p[0])}".replace("torch.", "")
                 if isinstance(p[0], torch.Size)
@@ -442,7 +447,7 @@ class _Jitted:
                 for p in leaves
             )
             batch = f" batch {[list(b) for b in layout]}" if layout else ""
-            parts.append(f"{n}: {spec}{batch} ({shown})")
+            parts.append(f"{n}: {head}{batch} ({shown})")
         return "; ".join(parts)
 
     # ------------------------------------------------------------ donation
@@ -456,9 +461,9 @@ class _Jitted:
         return out
 
     def _check_donation(self, entry: _Entry, ins: list) -> None:
-        donors = {ins[j].untyped_storage().data_ptr() for _, j in entry.donated}
-        used = [t.untyped_storage().data_ptr() for t in ins]
-        if len(donors) != len(entry.donated) or sum(p in donors for p in used) != len(donors):
+        ptrs = [t.untyped_storage().data_ptr() for t in ins]
+        donors = [ptrs[j] for _, j in entry.donated if ptrs[j]]  # (0: an empty tensor)
+        if any(ptrs.count(p) > 1 for p in donors):
             raise ValueError(
                 f"{self._name()}: a donated input shares its memory with another input; "
                 "donation writes the output into it, which would change the other input "
