@@ -9,12 +9,14 @@ them off. The dims a signature change showed to vary are symbolic (a ShapeEnv
 symbol each), every other dim is static. The FX graph is then checked (no write
 into an input or into a tensor ``f`` closes over, no draw from torch's global
 generator), the outputs that are inputs passed through are taken out of it, and
-``compile_graph`` hands it to inductor (``compile_fx_inner``; its C++ wrapper on
-the CPU) or, with ``backend="fx"``, runs it as it is.
+``compile_graph`` hands it to inductor (``compile_fx_inner``, with loops parallel
+at ATen's grain size and one-row matmuls fused; its C++ wrapper on the CPU, whose
+entry point ``Direct`` calls without inductor's Python shim) or, with
+``backend="fx"``, runs it as it is.
 
 Example:
-    >>> t = trace(f, "jit(f)", flat, args, kwargs, dyn=None, donated=())
-    >>> run = compile_graph(t, "inductor")
+    >>> t = trace(f, "jit(f)", flat, args, kwargs, dyn=None, donated=frozenset())
+    >>> run, source = compile_graph(t, "inductor")
     >>> outs = run(list(flat.tensors))
 """
 
@@ -225,7 +227,7 @@ def trace(
             torch's global generator.
         TypeError: an output leaf is neither a tensor nor a plain Python value.
     """
-    import torch._inductor.lowering
+    import torch._inductor.lowering  # inductor's decompositions read it (max pooling)
     from torch._inductor.decomposition import select_decomp_table
     from torch.fx.experimental.proxy_tensor import make_fx
 
