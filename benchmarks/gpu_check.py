@@ -1,14 +1,15 @@
 """The one GPU check (`make gpu-check`): the CUDA tests and the GPU rows of the benchmarks.
 
 Runs, each in its own process with a time limit, ``pytest -m cuda`` and the
-benchmarks ``cuda_graph``, ``prng``, ``policy``, ``ensemble`` and
-``train_step`` with ``BENCH_DEVICE=cuda`` in their short settings, then prints
-one table: a row per test run and per benchmark row (the benchmark's own
-columns joined by `` · ``). The whole check is sized for under 5 minutes on one
-GPU. Without CUDA it prints that it skipped and exits 0, so it runs unchanged on
+benchmarks ``cuda_graph``, ``prng``, ``policy``, ``ensemble``,
+``train_step`` and ``jit`` with ``BENCH_DEVICE=cuda`` in their short settings,
+then prints one table: a row per test run and per benchmark row (the benchmark's
+own columns joined by `` · ``). The whole check is sized for under 6 minutes on
+one GPU. Without CUDA it prints that it skipped and exits 0, so it runs unchanged on
 any machine; it exits 1 when a step fails or times out.
 
-Run: .venv/bin/python benchmarks/gpu_check.py   (GPU_CHECK_BUDGET=300: seconds in all;
+Run: .venv/bin/python benchmarks/gpu_check.py   (GPU_CHECK_BUDGET=300: seconds the
+shares of the steps are taken from;
 GPU_CHECK_DEVICE=cpu: a smoke run of every step on the CPU)
 """
 
@@ -37,6 +38,7 @@ STEPS = [
     ("policy", [sys.executable, os.path.join(HERE, "policy.py")], 0.15),
     ("ensemble", [sys.executable, os.path.join(HERE, "ensemble.py")], 0.2),
     ("train_step", [sys.executable, os.path.join(HERE, "train_step.py")], 0.15),
+    ("jit", [sys.executable, os.path.join(HERE, "jit.py")], 0.2),
 ]
 # GPU_CHECK_DEVICE=cpu is a smoke run of the whole check on a CPU machine.
 FORCED = os.environ.get("GPU_CHECK_DEVICE")

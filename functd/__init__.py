@@ -47,6 +47,8 @@ from ._transforms._axes import pmean as pmean
 from ._transforms._axes import psum as psum
 from ._transforms._cuda_graph import CudaGraphWarning as CudaGraphWarning
 from ._transforms._cuda_graph import cuda_graph as cuda_graph
+from ._transforms._jit import JitWarning as JitWarning
+from ._transforms._jit import jit as jit
 from ._transforms._vmap import TransformError as TransformError
 from ._transforms._vmap import vmap as vmap
 from ._version import __version__ as __version__

@@ -5,7 +5,7 @@ import torch
 from conformance import ENTRIES, PUBLIC, call, members, output, params_for
 
 import functd as fd
-from functd.testing import assert_close
+from functd.testing import assert_close, assert_max_compiles, assert_no_graph_break, variants
 
 NAMES = sorted(ENTRIES)
 KEY = fd.random.key(7)
@@ -99,4 +99,67 @@ def test_compile_equals_eager(name):
     m = e.make()
     params, td = params_for(m), e.example()
     compiled = torch.compile(lambda p, t: _call(m, p, t), fullgraph=True)
-    assert_close(compiled(params, td), _call(m, params, td), rtol=1e-5, atol=1e-6)
+    with assert_no_graph_break():
+        assert_close(compiled(params, td), _call(m, params, td), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", ["GRUCell", "Residual(user-defined kind, BatchNorm)"])
+def test_jit_inductor_equals_eager(name):
+    e = ENTRIES[name]
+    m = e.make()
+    params, td = params_for(m), e.example()
+    jitted = fd.jit(lambda p, t: _call(m, p, t))
+    with assert_max_compiles(1):
+        assert_close(jitted(params, td), _call(m, params, td), rtol=1e-5, atol=1e-6)
+        td2 = td.apply(lambda v: v + 1)
+        assert_close(jitted(params, td2), _call(m, params, td2), rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ fd.jit (traced graphs)
+@variants(backend="fx")
+@pytest.mark.parametrize("name", NAMES)
+def test_variants_equal_eager(name, variant):
+    """eager, fd.jit, fd.vmap over a batch of one, fd.grad: the same outputs (values);
+    fd.jit compiles once for two calls with new values and a new key."""
+    e = ENTRIES[name]
+    m = e.make()
+    params, td = params_for(m), e.example()
+    f = variant(lambda p, t, k: call(m, p, t, k))
+    with assert_max_compiles(1):
+        assert_close(f(params, td, KEY), _call(m, params, td), rtol=1e-5, atol=1e-6)
+        key = fd.random.key(8)
+        assert_close(f(params, td, key), call(m, params, td, key), rtol=1e-5, atol=1e-6)
+
+
+def _weighted_loss(m, out_keys, td_example):
+    g = torch.Generator().manual_seed(1)
+    out = output(_call(m, params_for(m, dtype=torch.float64), td_example))
+    weights = {
+        k: torch.randn(out[k].shape, generator=g, dtype=torch.float64)
+        for k in out_keys
+        if out[k].is_floating_point()
+    }
+
+    def loss(p, state, t):
+        o = output(call(m, fd.nn.merge_state(p, state), t, KEY))
+        return sum((o[k] * w).sum() for k, w in weights.items())
+
+    return loss, weights
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_jit_of_grad_equals_grad(name):
+    """fd.jit(fd.grad(loss)) == fd.grad(loss), float64, over the params and the data."""
+    e = ENTRIES[name]
+    m = e.make()
+    td = e.example().double() if e.float_inputs else e.example()
+    loss, weights = _weighted_loss(m, m.out_keys, td)
+    argnums = tuple(i for i, ok in ((0, m.has_params), (2, e.float_inputs)) if ok)
+    if not weights or not argnums:
+        pytest.skip("nothing to differentiate")
+    params, state = fd.nn.split_state(m, params_for(m, dtype=torch.float64))
+    g = fd.grad(loss, argnums=argnums)
+    got = fd.jit(g, backend="fx")(params, state, td)
+    # decompositions may round differently (Hardsigmoid backward: 3e-8 relative)
+    assert_close(got, g(params, state, td), rtol=1e-6, atol=1e-8)

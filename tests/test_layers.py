@@ -39,6 +39,7 @@ def room(mod: str) -> str:
     if len(parts) == 2 and parts[1] in {
         "_errors",
         "_eager",
+        "_ambient",
         "_threefry",
         "_fused",
         "_fused_ext",

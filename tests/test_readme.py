@@ -34,7 +34,17 @@ def test_readme_code_blocks_run_in_order(tmp_path, monkeypatch, capsys):
         for i, block in enumerate(_blocks()):
             exec(compile(block, f"README.md python block {i}", "exec"), ns)
     assert os.listdir(tmp_path) == [], "a README block wrote into the current folder"
-    # the only warning is the documented fallback of fd.cuda_graph without CUDA
+    # the only warning is the documented fallback of fd.cuda_graph without CUDA (torch's
+    # own deprecation notices, e.g. at inductor's first import, are ignored as in pytest)
+    torch_dir = os.path.dirname(torch.__file__)
+    caught = [
+        w
+        for w in caught
+        if not (
+            issubclass(w.category, DeprecationWarning | FutureWarning)
+            and w.filename.startswith(torch_dir)
+        )
+    ]
     kinds = [w.category for w in caught]
     assert kinds == ([] if torch.cuda.is_available() else [fd.CudaGraphWarning]), [
         str(w.message) for w in caught

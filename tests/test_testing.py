@@ -126,3 +126,81 @@ def test_strategy_reaches_depth_and_dtypes():
     collect()
     assert max(seen_depths) >= 2
     assert seen_dtypes == {torch.float64, torch.int32}
+
+
+# ------------------------------------------------------------------ compile assertions
+def _twice(x):
+    return x * 2
+
+
+def test_count_compiles_counts_fd_jit():
+    j = fd.jit(_twice, backend="fx", dynamic=False)
+    with fd.testing.count_compiles() as c:
+        j(torch.ones(2))
+        j(torch.ones(2))
+        assert c.jit == 1  # live inside the block
+        j(torch.ones(3))
+    j(torch.ones(4))  # after the block: not counted
+    assert (c.jit, c.torch, c.total) == (2, 0, 2)
+    assert "jit=2" in repr(c)
+
+
+def test_assert_max_compiles_block_and_wrapper_forms():
+    with fd.testing.assert_max_compiles(1):
+        fd.jit(_twice, backend="fx")(torch.ones(2))
+    j = fd.jit(_twice, backend="fx", dynamic=False)
+    with (
+        pytest.raises(AssertionError, match=r"at most 1 compilation\(s\), got 2"),
+        fd.testing.assert_max_compiles(1),
+    ):
+        j(torch.ones(2))
+        j(torch.ones(3))
+    checked = fd.testing.assert_max_compiles(fd.jit(_twice, backend="fx", dynamic=False), 2)
+    checked(torch.ones(2))
+    checked(torch.ones(3))
+    checked(torch.ones(3))
+    with pytest.raises(AssertionError, match=r"_twice: expected at most 2 compilation"):
+        checked(torch.ones(4))
+    with pytest.raises(TypeError, match=r"give the most compilations n"):
+        fd.testing.assert_max_compiles(_twice)
+
+
+@pytest.mark.compile
+def test_count_compiles_counts_torch_compile_and_graph_breaks():
+    torch._dynamo.reset()
+
+    def breaks(x):
+        y = x + 1
+        print("", end="")  # a graph break
+        return y * 2
+
+    with fd.testing.count_compiles() as c:
+        torch.compile(_twice, backend="eager")(torch.ones(2))
+    assert (c.torch, c.graph_breaks) == (1, 0)
+    with pytest.raises(AssertionError, match="graph break"), fd.testing.assert_no_graph_break():
+        torch.compile(breaks, backend="eager")(torch.ones(2))
+    torch._dynamo.reset()
+
+
+def test_variants_parametrize_and_transform():
+    mark = fd.testing.variants("eager", "vmap", backend="fx")
+    assert mark.args[0] == "variant" and [str(v) for v in mark.args[1]] == ["eager", "vmap"]
+    with pytest.raises(ValueError, match="unknown variant 'pmap'"):
+        fd.testing.Variant("pmap")
+    m = fd.Module(torch.nn.Linear(3, 2), ["x"], ["y"])
+    params, td = m.init(0), fd.TensorDict({"x": torch.randn(4, 3)}, [4])
+    for name in fd.testing.VARIANTS:
+        out = fd.testing.Variant(name, backend="fx")(m)(params, td)
+        assert_close(out, m(params, td), rtol=1e-5, atol=1e-6)
+
+
+def test_grad_variant_runs_under_grad():
+    seen = []
+
+    def f(x):
+        seen.append(torch._C._functorch.peek_interpreter_stack() is not None)
+        return x.sin()
+
+    out = fd.testing.Variant("grad")(f)(torch.ones(3))
+    assert_close(out, torch.ones(3).sin())
+    assert seen == [True]

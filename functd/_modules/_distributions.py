@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 import math
 import sys
-import threading
 from collections.abc import Callable
 from enum import Enum
 from typing import Any
@@ -43,6 +42,7 @@ from torch import Tensor
 from torch import distributions as D
 
 from .. import random as fr
+from .._ambient import INTERACTION
 from .._td import Key
 
 __all__ = [
@@ -114,8 +114,9 @@ def as_interaction(value: Any, where: str) -> InteractionType:
 
 
 # The default set by set_interaction_type: one value per thread. A threading.local
-# (not a ContextVar) because torch.compile reads and guards it.
-_STATE = threading.local()
+# (not a ContextVar) because torch.compile reads and guards it; it lives in the base
+# room because fd.jit keys its compiled code on it too.
+_STATE = INTERACTION
 
 
 def interaction_type() -> InteractionType | None:
@@ -156,7 +157,7 @@ class set_interaction_type:
 
     def __enter__(self) -> set_interaction_type:
         self._prev.append(getattr(_STATE, "value", None))
-        _STATE.value = self.type
+        _STATE.value = self.type  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: Any) -> None:

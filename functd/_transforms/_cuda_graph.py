@@ -32,9 +32,9 @@ from typing import Any, NamedTuple
 import optree
 import torch
 
-from .._td import TensorDict
 from .._td._tree import NAMESPACE
 from ._paths import fmt_call_path
+from ._signature import Flat, signature, unhashable
 
 __all__ = ["CudaGraphWarning", "cuda_graph", "signature"]
 
@@ -56,148 +56,6 @@ class CacheInfo(NamedTuple):
 
 def _is_tensor(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
-
-
-def _td_layout(x: Any) -> tuple:
-    """The batch sizes of the TensorDicts in ``x`` (found inside TensorDicts, tuples,
-    lists and dicts): tree structures compare keys only, and the same leaf shapes
-    can split into batch and feature dims in more than one way."""
-    out = []
-    stack = [x]
-    while stack:
-        v = stack.pop()
-        t = type(v)
-        if t is TensorDict:
-            out.append(v._batch_size)
-            stack.extend(w for w in v._data.values() if type(w) is TensorDict)
-        elif t is tuple or t is list:
-            stack.extend(v)
-        elif t is dict:
-            stack.extend(v.values())
-    return tuple(out)
-
-
-def signature(args: tuple, kwargs: dict) -> tuple:
-    """The cache key of a call: per argument its tree structure, the batch sizes of its
-    TensorDicts, per tensor ``(shape, dtype)``, its devices, and its non-tensor leaves
-    (which must be hashable).
-
-    Raises:
-        TypeError: a non-tensor leaf is not hashable.
-
-    Example:
-        >>> signature((torch.zeros(2),), {}) == signature((torch.ones(2),), {})
-        True
-    """
-    sig = _Flat(args, kwargs, {}).sig
-    try:
-        hash(sig)
-    except TypeError:
-        _unhashable(args, kwargs)
-    return sig
-
-
-def _describe(a: Any) -> tuple:
-    """(signature part, leaves, spec, tensor leaves, devices, requires grad) of one argument."""
-    leaves, spec = optree.tree_flatten(a, namespace=NAMESPACE)
-    parts = []
-    tensors = []
-    devices = set()
-    grad = False
-    for v in leaves:
-        if isinstance(v, torch.Tensor):
-            tensors.append(v)
-            parts.append((v.shape, v.dtype))
-            devices.add(v.device)
-            grad = grad or v.requires_grad
-        else:
-            parts.append((type(v), v))  # type: ignore[arg-type]
-    sig = _Key((spec, tuple(devices), _td_layout(a), tuple(parts)))
-    return sig, leaves, spec, tensors, devices, grad
-
-
-class _Key:
-    """One argument's signature with its hash computed once (it is memoised with it)."""
-
-    __slots__ = ("hash", "value")
-    hash: Any
-    value: Any
-
-    def __init__(self, value: tuple) -> None:
-        self.value = value
-        try:
-            self.hash = hash(value)
-        except TypeError:
-            self.hash = None  # unhashable static leaf: reported when looked up
-
-    def __hash__(self) -> int:
-        if self.hash is None:
-            raise TypeError("unhashable signature")
-        return self.hash
-
-    def __eq__(self, other: object) -> bool:
-        return self is other or (
-            type(other) is _Key and self.hash == other.hash and self.value == other.value
-        )
-
-
-class _Flat:
-    """A call's arguments, flattened one by one. A TensorDict argument's description
-    is memoised by identity in ``memo`` (a TensorDict never changes its leaves, and
-    a tensor never changes its shape, dtype or device), so passing the same params
-    object again costs no flattening."""
-
-    __slots__ = ("descs", "devices", "grad", "sig", "tensors")
-    descs: Any
-    devices: Any
-    grad: Any
-    sig: Any
-    tensors: Any
-
-    def __init__(self, args: tuple, kwargs: dict, memo: dict) -> None:
-        descs = []
-        for i, a in enumerate((*args, *kwargs.values())):
-            hit = memo.get(i)
-            if hit is not None and hit[0] is a:
-                descs.append(hit[1])
-                continue
-            d = _describe(a)
-            if type(a) is TensorDict:
-                memo[i] = (a, d)
-            descs.append(d)
-        self.descs = descs
-        self.sig = (len(args), tuple(kwargs), *(d[0] for d in descs))
-        self.tensors = [t for d in descs for t in d[3]]
-        self.devices = set().union(*(d[4] for d in descs)) if descs else set()
-        self.grad = any(d[5] for d in descs)
-
-    def rebuild(self, args: tuple, kwargs: dict, leaves_of) -> tuple:
-        """(args, kwargs) with every argument's leaves replaced by ``leaves_of(desc)``."""
-        vals = [optree.tree_unflatten(d[2], leaves_of(d)) for d in self.descs]
-        return tuple(vals[: len(args)]), dict(zip(kwargs, vals[len(args) :]))
-
-
-def _unhashable(args: tuple, kwargs: dict) -> None:
-    leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type, var-annotated]
-    paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type]
-    bad = next(
-        fmt_call_path(p)
-        for p, v in zip(paths, leaves)
-        if not isinstance(v, torch.Tensor) and not _hashable(v)
-    )
-    raise TypeError(
-        f"cuda_graph: the non-tensor input {bad} is not hashable; non-tensor inputs are "
-        "part of the recording's signature. Pass it as a tensor, or as a hashable value "
-        "(a tuple rather than a list)."
-    ) from None
-
-
-def _hashable(v: Any) -> bool:
-    try:
-        hash(v)
-    except TypeError:
-        return False
-    return True
 
 
 class _CudaRecorder:
@@ -274,6 +132,8 @@ class _Graphed:
         self._specs: tuple | None = None  # the tree structures of the last new signature
         self._warned_structure = False
         self._counts = [0, 0, 0]  # recordings, replays, eager
+        self._label: str | None = None  # fd.jit(f, cuda_graph=True) names itself
+        self._fallback = "the function runs eagerly, no graph is recorded"
 
     def __repr__(self) -> str:
         name = getattr(self._f, "__qualname__", repr(self._f))
@@ -295,13 +155,13 @@ class _Graphed:
         self._memo.clear()
 
     def _name(self) -> str:
-        return f"cuda_graph({getattr(self._f, '__name__', type(self._f).__name__)})"
+        return self._label or f"cuda_graph({getattr(self._f, '__name__', type(self._f).__name__)})"
 
     def _eager(self, why: str, args: tuple, kwargs: dict) -> Any:
         if not self._warned:
             self._warned = True
             warnings.warn(
-                f"{self._name()}: {why}; the function runs eagerly, no graph is recorded.",
+                f"{self._name()}: {why}; {self._fallback}.",
                 CudaGraphWarning,
                 stacklevel=3,
             )
@@ -309,7 +169,7 @@ class _Graphed:
         return self._f(*args, **kwargs)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        flat = _Flat(args, kwargs, self._memo)
+        flat = Flat(args, kwargs, self._memo)
         tensors, devices = flat.tensors, flat.devices
         if len(devices) != 1 or flat.grad:
             if not tensors:
@@ -319,7 +179,7 @@ class _Graphed:
         try:
             entry = self._cache.get(sig)
         except TypeError:
-            _unhashable(args, kwargs)
+            raise unhashable(self._name(), args, kwargs) from None
         if entry is not None and entry.replay is not None:  # the hot path
             self._cache.move_to_end(sig)
             _copy(entry.static_in, tensors)
@@ -353,10 +213,10 @@ class _Graphed:
         self._counts[0] += 1
         return self._outputs(entry, tensors)
 
-    def _check_structure(self, flat: _Flat, args: tuple, kwargs: dict) -> None:
+    def _check_structure(self, flat: Flat, args: tuple, kwargs: dict) -> None:
         """Warn once per wrapper when a new signature comes from a new tree structure
         (keys added or removed), naming the argument and the keys that changed."""
-        specs = tuple(d[2] for d in flat.descs)
+        specs = tuple(d.spec for d in flat.descs)
         old, self._specs = self._specs, specs
         if old is None or old == specs or self._warned_structure or len(old) != len(specs):
             return
@@ -396,12 +256,12 @@ class _Graphed:
             "move every input there first (`.to('cuda')`; a TensorDict's `td.to('cuda')`)."
         )
 
-    def _record(self, entry: _Entry, flat: _Flat, args: tuple, kwargs: dict, device) -> None:
+    def _record(self, entry: _Entry, flat: Flat, args: tuple, kwargs: dict, device) -> None:
         static_in = [torch.empty_like(t) for t in flat.tensors]  # never the caller's tensors
         _copy(static_in, flat.tensors)
         it = iter(static_in)
         sargs, skwargs = flat.rebuild(
-            args, kwargs, lambda d: [next(it) if _is_tensor(v) else v for v in d[1]]
+            args, kwargs, lambda d: [next(it) if _is_tensor(v) else v for v in d.leaves]
         )
         try:
             replay, out = self._recorder.record(self._f, sargs, skwargs, device)

@@ -1,0 +1,48 @@
+"""Ambient defaults that context managers set and calls read when they start.
+
+``INTERACTION.value`` is the interaction type of ``fd.set_interaction_type`` (one
+value per thread: a ``threading.local``, not a ContextVar, because torch.compile
+reads and guards it). It lives here, below every room, because two rooms read it:
+the modules (each probabilistic call) and ``fd.jit`` (a traced function bakes in
+the value it saw, so the compiled code is cached under it, with the autocast state).
+
+Example:
+    >>> snapshot()
+    (None, False)
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+__all__ = ["INTERACTION", "snapshot"]
+
+
+class _Interaction(threading.local):
+    value = None  # a class default: reading it never raises (a missing attribute would)
+
+
+INTERACTION = _Interaction()
+
+_any_autocast = torch._C._is_any_autocast_enabled
+
+
+def _autocast() -> tuple:
+    out = []
+    for dev in ("cpu", "cuda", "xpu", "mps"):
+        try:
+            if torch.is_autocast_enabled(dev):
+                out.append((dev, torch.get_autocast_dtype(dev)))
+        except RuntimeError:  # a device type this build does not know
+            continue
+    return tuple(out)
+
+
+def snapshot() -> tuple:
+    """The ambient state a traced function can bake in: (interaction type, autocast)."""
+    return (
+        getattr(INTERACTION, "value", None),
+        _autocast() if _any_autocast() else False,
+    )

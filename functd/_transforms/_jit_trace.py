@@ -1,0 +1,437 @@
+"""The trace and the compile behind ``fd.jit``: one per signature.
+
+``trace`` runs ``f`` once on fake tensors (shapes, no values) under
+``make_fx(functionalize(...))`` with inductor's decompositions, the way
+``torch.export``'s non-strict mode does: ``torch.compiler.is_compiling()`` is
+True meanwhile, so functd takes the paths it takes under ``torch.compile``, and
+torch.distributions' argument checks (host syncs) are off, as torch.compile turns
+them off. The dims a signature change showed to vary are symbolic (a ShapeEnv
+symbol each), every other dim is static. The FX graph is then checked (no write
+into an input or into a tensor ``f`` closes over, no draw from torch's global
+generator), the outputs that are inputs passed through are taken out of it, and
+``compile_graph`` hands it to inductor (``compile_fx_inner``, with loops parallel
+at ATen's grain size and one-row matmuls fused; its C++ wrapper on the CPU, whose
+entry point ``Direct`` calls without inductor's Python shim) or, with
+``backend="fx"``, runs it as it is.
+
+Example:
+    >>> t = trace(f, "jit(f)", flat, args, kwargs, dyn=None, donated=frozenset())
+    >>> run, source = compile_graph(t, "inductor")
+    >>> outs = run(list(flat.tensors))
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import optree
+import torch
+from torch import Tensor
+
+from .._td._tree import NAMESPACE
+from ._signature import Flat
+from ._vmap import TransformError
+
+__all__ = ["Direct", "Static", "Traced", "compile_graph", "trace"]
+
+_TORCH_DIR = os.path.dirname(torch.__file__)
+# A CPU loop of the compiled code runs on several threads only when each gets at least
+# this many elements: ATen's grain size (eager's rule), not inductor's default of 512.
+# The graphs fd.jit sees are small models (many short kernels), where a fork-join per
+# kernel costs more than it saves, and stalls whenever another process holds a core.
+GRAIN = 32768
+_CONSTANT_TYPES = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    torch.dtype,
+    torch.device,
+    enum.Enum,
+)
+
+DATA_DEPENDENT = (
+    "{name}: the function cannot be traced purely: {what}{at}. fd.jit traces it once per "
+    "signature on tensors without values, so Python cannot branch on a tensor's value "
+    "(`if x > 0`, `while`, `bool(x)`, `int(x)`, `.item()` or `.tolist()` used as a "
+    "Python number). Compute both sides and select with torch.where(cond, a, b) (or "
+    "masks, torch.clamp, torch.maximum); pass a Python value that decides the control "
+    "flow as a static argument (static_argnums=...); or call the function without "
+    "fd.jit. (torch: {msg})"
+)
+NO_FAKE = (
+    "{name}: the function calls {op}, which fd.jit cannot trace (it has no shape-only "
+    "kernel: a C extension or a custom op without a fake implementation){at}. Register "
+    "a fake kernel for it (torch.library.register_fake), or call the function without "
+    "fd.jit. (torch: {msg})"
+)
+MUTATES_INPUT = (
+    "{name}: the function writes into its input {path} (an in-place op: x.add_(...), "
+    "x[i] = ..., x.copy_(...)). A jitted function is pure: "
+    "return a new tensor instead (x + 1 rather than x.add_(1), td.set(...) rather than "
+    "writing a leaf). To let fd.jit reuse an input's memory for an output, donate the "
+    "argument (donate_argnums=...)."
+)
+MUTATES_CONSTANT = (
+    "{name}: the function writes into a tensor it closes over ({op}): a global side "
+    "effect, which a compiled function cannot repeat (the trace already ran it once). "
+    "Pass the tensor as an argument and return its new value."
+)
+GLOBAL_RANDOM = (
+    "{name}: the function draws from torch's global generator ({op}), a global side "
+    "effect a compiled function would replay with frozen state. In functd randomness "
+    "comes from keys: pass a key as an argument (fd.random.key(0)) and draw with "
+    "fd.random.normal(key, shape) or call modules with key=."
+)
+BAD_OUTPUT = (
+    "{name}: the output {path} is a {kind}, not a tensor or a plain Python value; a "
+    "jitted function returns pytrees of tensors (TensorDicts, tuples, dicts). {fix}"
+)
+
+
+class Static:
+    """An argument given in ``static_argnums``: a leaf compared and hashed by value and
+    closed over by the trace (never flattened, never an input of the graph)."""
+
+    __slots__ = ("hash", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.hash = hash(value)
+
+    def __hash__(self) -> int:
+        return self.hash
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not Static:
+            return False
+        a, b = self.value, other.value
+        if a is b:
+            return True
+        # by value, type too (1 and 1.0 hash alike); a tensor only by identity
+        return type(a) is type(b) and not isinstance(a, Tensor) and bool(a == b)
+
+    def __repr__(self) -> str:
+        return f"static {self.value!r}"
+
+
+class Traced:
+    """What a trace gives: the FX graph (inputs: the call's tensor leaves in order;
+    outputs: the output tensors the graph computes), the fake inputs and their
+    ShapeEnv, the guards a new signature must pass to reuse it (None: none), and
+    how to rebuild the output tree."""
+
+    __slots__ = (
+        "donated",
+        "dyn",
+        "fakes",
+        "gm",
+        "guards",
+        "out",
+        "out_computed",
+        "out_leaves",
+        "out_spec",
+        "passthrough",
+        "shape_env",
+    )
+    donated: Any
+    dyn: Any
+    fakes: Any
+    gm: Any
+    guards: Any
+    out: Any
+    out_computed: Any
+    out_leaves: Any
+    out_spec: Any
+    passthrough: Any
+    shape_env: Any
+
+
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """``torch.compiler.is_compiling()`` True (as torch.export's non-strict trace sets
+    it) and torch.distributions' value checks off (as torch.compile turns them off)."""
+    D = torch.distributions.Distribution
+    compiling, validate = torch.compiler._is_compiling_flag, D._validate_args
+    torch.compiler._is_compiling_flag = True
+    D._validate_args = False
+    try:
+        yield
+    finally:
+        torch.compiler._is_compiling_flag = compiling
+        D._validate_args = validate
+
+
+def _fakes(tensors: list[Tensor], dyn: tuple | None):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import (
+        DimDynamic,
+        ShapeEnv,
+        StatelessSymbolicContext,
+    )
+
+    env = ShapeEnv()
+    mode = FakeTensorMode(shape_env=env, allow_non_fake_inputs=True)
+    out = []
+    for i, t in enumerate(tensors):
+        dims = dyn[i] if dyn is not None else ()
+        sizes = [DimDynamic.DYNAMIC if d in dims else DimDynamic.STATIC for d in range(t.ndim)]
+        ctx = StatelessSymbolicContext(dynamic_sizes=sizes)  # type: ignore[var-annotated]
+        out.append(mode.from_tensor(t, symbolic_context=ctx))
+    return env, out
+
+
+def _user_frame(tb) -> str:
+    """`` at file:line`` of the innermost frame outside torch (the user's code)."""
+    frames = [f for f in traceback.extract_tb(tb) if not f.filename.startswith(_TORCH_DIR)]
+    if not frames:
+        return ""
+    f = frames[-1]
+    return f" at {f.filename}:{f.lineno} (`{(f.line or '').strip()}`)"
+
+
+def _translate(name: str, e: BaseException) -> BaseException | None:
+    from torch._subclasses.fake_tensor import (
+        DataDependentOutputException,
+        DynamicOutputShapeException,
+        UnsupportedOperatorException,
+    )
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    at = _user_frame(e.__traceback__)
+    msg = str(e).split("\n")[0]
+    if isinstance(e, GuardOnDataDependentSymNode | DataDependentOutputException):
+        what = "Python needs the value of a tensor"
+        return TransformError(DATA_DEPENDENT.format(name=name, what=what, at=at, msg=msg))
+    if isinstance(e, DynamicOutputShapeException):
+        what = "an op's output shape depends on tensor values"
+        return TransformError(DATA_DEPENDENT.format(name=name, what=what, at=at, msg=msg))
+    if isinstance(e, UnsupportedOperatorException):
+        op = e.func if hasattr(e, "func") else msg
+        return TransformError(NO_FAKE.format(name=name, op=op, at=at, msg=msg))
+    return None
+
+
+def trace(
+    f: Callable,
+    name: str,
+    flat: Flat,
+    args: tuple,
+    kwargs: dict,
+    dyn: tuple | None,
+    donated: frozenset,
+) -> Traced:
+    """Trace ``f`` on fake copies of the call's tensors (``dyn``: per tensor, the dims
+    that are symbolic; None: all static) and check the graph (see the module doc).
+
+    Raises:
+        TransformError: ``f`` needs tensor values in Python, calls an op that cannot
+            be traced, writes into an input or a closed-over tensor, or draws from
+            torch's global generator.
+        TypeError: an output leaf is neither a tensor nor a plain Python value.
+    """
+    import torch._inductor.lowering  # inductor's decompositions read it (max pooling)
+    from torch._inductor.decomposition import select_decomp_table
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    env, fakes = _fakes(flat.tensors, dyn)
+    box: list = []
+    t = Traced()
+
+    def flat_fn(*tensors: Tensor) -> tuple:
+        it = iter(tensors)
+        a, kw = flat.rebuild(args, kwargs, lambda d: [_input(v, it) for v in d.leaves])
+        out = f(*a, **kw)
+        paths, leaves, spec = optree.tree_flatten_with_path(out, namespace=NAMESPACE)
+        box.append((out, paths, leaves, spec))
+        return tuple(v for v in leaves if isinstance(v, Tensor))
+
+    fn = torch.func.functionalize(flat_fn, remove="mutations")
+    try:
+        with _tracing(), torch.enable_grad():
+            gm = make_fx(fn, decomposition_table=select_decomp_table(), tracing_mode="fake")(*fakes)
+    except Exception as e:
+        ours = _translate(name, e)
+        if ours is not None:
+            raise ours from e
+        e.add_note(f"(raised while {name} traced the function on tensors without values)")  # type: ignore[attr-defined]
+        raise
+    out, paths, leaves, spec = box.pop()
+    t.gm, t.fakes, t.shape_env, t.dyn = gm, fakes, env, dyn
+    _check_graph(name, gm, flat)
+    _check_outputs(name, paths, leaves)
+    t.out_spec = spec
+    t.out_leaves = [None if isinstance(v, Tensor) else v for v in leaves]
+    tensor_pos = [i for i, v in enumerate(leaves) if isinstance(v, Tensor)]
+    _split_outputs(t, gm, tensor_pos, donated)
+    t.out = out
+    t.guards = (
+        env.produce_guards_expression(fakes, ignore_static=False) if dyn is not None else None
+    )
+    return t
+
+
+def _input(v: Any, it: Iterator) -> Any:
+    if isinstance(v, Tensor):
+        return next(it)
+    return v.value if type(v) is Static else v
+
+
+def _written(node: torch.fx.Node):
+    """The node an in-place op writes into (its first mutable argument), or None."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return None
+    for arg, a in zip(target._schema.arguments, node.args):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            return a
+    return None
+
+
+def _check_graph(name: str, gm: torch.fx.GraphModule, flat: Flat) -> None:
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node in gm.graph.nodes:
+        target = node.target
+        if (
+            isinstance(target, torch._ops.OpOverload)
+            and torch.Tag.nondeterministic_seeded in target.tags
+        ):
+            raise TransformError(GLOBAL_RANDOM.format(name=name, op=target))
+        into = _written(node)
+        if into is None:
+            continue
+        if into.op == "placeholder":
+            path = flat.paths()[placeholders.index(into)]
+            raise TransformError(MUTATES_INPUT.format(name=name, path=path))
+        if into.op == "get_attr":
+            raise TransformError(MUTATES_CONSTANT.format(name=name, op=target))
+
+
+def _check_outputs(name: str, paths: list, leaves: list) -> None:
+    for p, v in zip(paths, leaves):
+        if isinstance(v, (Tensor, *_CONSTANT_TYPES)) or _int_size(v):
+            continue
+        where = "output" + "".join(f"[{k!r}]" for k in p)
+        if isinstance(v, torch.SymInt | torch.SymFloat | torch.SymBool | torch.Size):
+            kind, fix = (
+                "size that depends on the input's shape",
+                "Return it as a tensor (torch.tensor(n)) or read it from the output's shape.",
+            )
+        elif isinstance(v, torch.distributions.Distribution):
+            kind, fix = (
+                type(v).__name__ + " distribution",
+                "Return its parameters (or log-probs) and build the distribution outside.",
+            )
+        else:
+            kind, fix = type(v).__name__, "Return its tensors."
+        raise TypeError(BAD_OUTPUT.format(name=name, path=where, kind=kind, fix=fix))
+
+
+def _int_size(v: Any) -> bool:
+    return type(v) is torch.Size and all(type(n) is int for n in v)
+
+
+def _split_outputs(t: Traced, gm: torch.fx.GraphModule, tensor_pos: list, donated) -> None:
+    """Take the outputs that are inputs out of the graph (they are the caller's
+    tensors, as eager returns them); with donation, write a computed output into a
+    donated input of its shape, dtype and strides, and return that input."""
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    values = list(out_node.args[0])
+    t.passthrough, t.donated, kept, t.out_computed = [], [], [], []
+    free = [j for j in sorted(donated) if j in placeholders.values()]
+    by_index = {i: n for n, i in placeholders.items()}
+    for pos, v in zip(tensor_pos, values):
+        if v in placeholders:
+            t.passthrough.append((pos, placeholders[v]))
+            continue
+        j = _donor(v, free, by_index) if free else None
+        if j is not None:
+            free.remove(j)
+            with gm.graph.inserting_before(out_node):
+                gm.graph.call_function(torch.ops.aten.copy_.default, (by_index[j], v))
+            t.donated.append((pos, j))
+            continue
+        kept.append(v)
+        t.out_computed.append(pos)
+    out_node.args = (tuple(kept),)
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+
+
+def _donor(v: torch.fx.Node, free: list, by_index: dict) -> int | None:
+    """The first donated input with ``v``'s shape, dtype, device and strides."""
+    val = v.meta.get("val")
+    if not isinstance(val, Tensor):
+        return None
+    for j in free:
+        w = by_index[j].meta.get("val")
+        if (
+            isinstance(w, Tensor)
+            and w.shape == val.shape
+            and w.dtype == val.dtype
+            and w.device == val.device
+            and w.stride() == val.stride()
+        ):
+            return j
+    return None
+
+
+def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str | None]:
+    """``(run, source)``: ``run(list_of_input_tensors)`` gives the computed outputs
+    (the list is consumed); ``source`` is inductor's generated code (None for "fx")."""
+    gm = t.gm
+    if not t.out_computed and not t.donated:
+        return (lambda ins: ()), None  # nothing computed: every output is an input
+    if backend == "fx":
+        return (lambda ins: gm(*ins)), None
+    import torch._inductor.config as inductor_config
+    from torch._inductor.compile_fx import compile_fx_inner
+
+    cpu = all(x.device.type == "cpu" for x in t.fakes)
+    options = {
+        "cpp.min_chunk_size": GRAIN,
+        # a matmul with one row (batch 1) on the CPU as a fused multiply-and-sum rather
+        # than a BLAS call (inductor's own pass, off by default): 3 addmm of the tutorial
+        # block cost ~5 µs each in MKL's call overhead, the fused loops under 1 µs
+        "post_grad_fusion_options": {"decompose_mm_pass": {}},
+    }
+    with _tracing(), inductor_config.patch(options):
+        compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
+    return _direct(compiled.current_callable), getattr(compiled, "source_code", None)  # type: ignore[attr-defined]
+
+
+class Direct:
+    """The C++ wrapper's entry point called without its Python shim (inductor's ``g``:
+    a per-input isinstance loop around the same three calls)."""
+
+    __slots__ = ("alloc", "entry", "steal")
+
+    def __init__(self, alloc: Callable, entry: Callable, steal: Callable) -> None:
+        self.alloc, self.entry, self.steal = alloc, entry, steal
+
+    def __call__(self, ins: list) -> list:
+        return self.steal(self.entry(self.alloc(ins)))
+
+
+def _direct(run: Callable) -> Callable:
+    """``Direct`` for inductor's C++ wrapper shim; any other callable (a Python
+    wrapper, inductor's input-realigning wrapper) as it is."""
+    cells = getattr(run, "__closure__", None)
+    if getattr(run, "__name__", "") != "g" or not cells or len(cells) != 1:
+        return run
+    entry = cells[0].cell_contents
+    aoti = getattr(torch._C, "_aoti", None)
+    alloc = getattr(aoti, "unsafe_alloc_void_ptrs_from_tensors", None)
+    steal = getattr(aoti, "alloc_tensors_by_stealing_from_void_ptrs", None)
+    if type(entry).__name__ != "builtin_function_or_method" or alloc is None or steal is None:
+        return run
+    return Direct(alloc, entry, steal)
