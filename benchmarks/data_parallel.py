@@ -1,7 +1,7 @@
 """Data-parallel training step on 2 gloo processes: functd against DDP + torch.optim.
 
 Each rank steps on its half of a batch of 64 rows. functd's step is
-``fd.train_step(loss_fn, fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3)))``
+``fd.train_step(loss_fn, fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-3)))``
 with the batch TensorDict built inside the timed call; the peer is
 ``torch.nn.parallel.DistributedDataParallel`` + ``torch.optim.Adam`` (zero_grad,
 forward, backward, step). Both run in the same processes, in interleaved rounds
@@ -69,7 +69,7 @@ def setup(sizes, rank, dtype):
     def loss_fn(params, batch, key):
         return ((model(params, x=batch["x"]) - batch["y"]) ** 2).mean()
 
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-3))
     step = fd.train_step(loss_fn, opt)
     params = fd.from_module(net)
     ddp = nn.parallel.DistributedDataParallel(make_net(sizes, dtype))
@@ -180,7 +180,7 @@ def worker(rank: int, port: int, queue) -> None:
         local, net, lopt = local_pair(sizes, x, y)
         f, d, ratio, cpu, iqr = compare(local, partial(run_ddp, net, lopt, x, y, STEPS))
         rows.append([name, "  local step (no pmean)", "nn + Adam (no DDP)", f, d, ratio, iqr, cpu])
-        grads, pm = box[0][0], fd.distributed.pmean()
+        grads, pm = box[0][0], fd.distributed.mean_updates()
         pstate = pm.init(grads)
         flat = torch._utils._flatten_dense_tensors(fd.tree.leaves(grads))
 

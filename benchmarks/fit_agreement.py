@@ -67,7 +67,7 @@ def setup():
     def loss_fn(params, batch, key):
         return ((model(params, x=batch["x"]) - batch["y"]) ** 2).mean()
 
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-3))
     params = model.init(fd.random.key(0))
     g = torch.Generator().manual_seed(1)
     batches = [

@@ -6,7 +6,7 @@ Run on 2 processes (gloo on CPU, NCCL when CUDA is there):
 
 (``python examples/train_data_parallel.py`` runs it on one process.) The
 training step is the single-process one; the only change is
-``fd.distributed.pmean()`` first in the optimizer chain. Rank 0 prints the loss
+``fd.distributed.mean_updates()`` first in the optimizer chain. Rank 0 prints the loss
 of every step (averaged over the ranks), then compares the params with one
 process trained on the full batches, and then does the same with
 ``fd.fit(..., data_parallel=True)``.
@@ -68,7 +68,7 @@ def main() -> None:
         y = torch.sin(x @ w_true) + 0.1 * torch.randn(BATCH, 1, generator=g)
         batches.append(fd.TensorDict({"x": x, "y": y}, [BATCH]).to(device))
 
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-2))
     step = fd.train_step(loss_fn, opt)
 
     # 1. the loop by hand: shard, step, average the metrics for printing

@@ -33,6 +33,7 @@ from ._td._shape import stack as stack
 from ._td._shape import unbind as unbind
 from ._td._shape import unstack as unstack
 from ._td._tree import tree as tree
+from ._train import TrainStep as TrainStep
 from ._train import fit as fit
 from ._train import train_step as train_step
 from ._transforms._autodiff import grad as grad

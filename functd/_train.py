@@ -38,7 +38,7 @@ from .distributed._fit import DataParallel, sized
 from .optim._base import GradientTransformation, apply_updates
 from .optim._errors import not_a_td
 
-__all__ = ["fit", "train_step"]
+__all__ = ["TrainStep", "fit", "train_step"]
 
 _SCALAR = torch.Size([])
 Step = Callable[[TensorDict, TensorDict, Any, Any], tuple[TensorDict, TensorDict, TensorDict]]
@@ -62,7 +62,69 @@ def _metrics(where: str, loss: Tensor, aux: Any) -> TensorDict:
     return TensorDict(entries, [])
 
 
-def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -> Step:
+class TrainStep:
+    """One pure training step, ``(params, opt_state, batch, key) -> (params, opt_state,
+    metrics)``: a frozen value made by :func:`train_step`.
+
+    Its fields are read-only: ``loss_fn`` and ``optimizer`` (``fd.fit(data_parallel=True)``
+    reads the latter to check that the gradients are reduced over the ranks). Two steps
+    built from the same loss and optimizer are equal and hash alike.
+
+    Example:
+        >>> opt = fd.optim.adam(1e-3)
+        >>> step = fd.train_step(loss_fn, opt)
+        >>> step.optimizer is opt
+        True
+        >>> params, opt_state, metrics = step(params, opt_state, batch, None)
+    """
+
+    __slots__ = ("__name__", "__qualname__", "_where", "loss_fn", "optimizer")
+    loss_fn: Callable[..., Any]
+    optimizer: GradientTransformation
+    _where: str
+
+    def __init__(self, loss_fn: Callable[..., Any], optimizer: GradientTransformation) -> None:
+        name = getattr(loss_fn, "__name__", "loss_fn")
+        where = f"fd.train_step({name}, ...)"
+        for field, value in (
+            ("loss_fn", loss_fn),
+            ("optimizer", optimizer),
+            ("_where", where),
+            ("__name__", f"train_step_{name}"),
+            ("__qualname__", f"train_step_{name}"),
+        ):
+            object.__setattr__(self, field, value)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(
+            f"{self._where} is a frozen value: build another step with "
+            f"fd.train_step(loss_fn, optimizer) instead of setting {name!r}."
+        )
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            type(other) is TrainStep
+            and other.loss_fn == self.loss_fn
+            and other.optimizer == self.optimizer
+        )
+
+    def __hash__(self) -> int:
+        return hash((TrainStep, self.loss_fn, self.optimizer))
+
+    def __repr__(self) -> str:
+        return f"TrainStep({self.loss_fn!r}, {self.optimizer!r})"
+
+    def __call__(
+        self, params: TensorDict, opt_state: TensorDict, batch: Any, key: Any = None
+    ) -> tuple[TensorDict, TensorDict, TensorDict]:
+        if not isinstance(params, TensorDict):
+            raise TypeError(not_a_td(self._where, "params", params))
+        loss, aux, grads = loss_and_grad(self._where, self.loss_fn, params, batch, key)
+        updates, opt_state = self.optimizer.update(grads, opt_state, params)
+        return apply_updates(params, updates), opt_state, _metrics(self._where, loss, aux)
+
+
+def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -> TrainStep:
     """Build the pure training step ``step(params, opt_state, batch, key)``.
 
     Args:
@@ -72,6 +134,7 @@ def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -
         optimizer: a GradientTransformation such as ``fd.optim.adam(1e-3)``.
 
     Returns:
+        A frozen :class:`TrainStep`, called as
         ``step(params, opt_state, batch, key) -> (params, opt_state, metrics)``,
         ``metrics`` a TensorDict holding ``loss`` (before the update) and the
         entries of ``aux`` (detached). Pure: nothing given is modified.
@@ -91,18 +154,7 @@ def train_step(loss_fn: Callable[..., Any], optimizer: GradientTransformation) -
         )
     if not callable(loss_fn):
         raise TypeError(f"fd.train_step: loss_fn must be callable, got {type(loss_fn).__name__}.")
-    where = f"fd.train_step({getattr(loss_fn, '__name__', 'loss_fn')}, ...)"
-
-    def step(params: TensorDict, opt_state: TensorDict, batch: Any, key: Any = None):
-        if not isinstance(params, TensorDict):
-            raise TypeError(not_a_td(where, "params", params))
-        loss, aux, grads = loss_and_grad(where, loss_fn, params, batch, key)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return apply_updates(params, updates), opt_state, _metrics(where, loss, aux)
-
-    step.__doc__ = f"One training step of {where}: (params, opt_state, batch, key) -> (params, opt_state, metrics)."
-    step.optimizer = optimizer  # type: ignore[attr-defined]  # read by fit(data_parallel=True) to check the grads are reduced
-    return step
+    return TrainStep(loss_fn, optimizer)
 
 
 # ------------------------------------------------------------------ fit
@@ -151,7 +203,7 @@ def fit(
             broadcast from rank 0, each rank steps on its rows of every batch
             (``fd.distributed.shard_batch``), its key is
             ``fold_in(fold_in(key, i), rank)``, the step's optimizer reduces the
-            grads (``fd.distributed.pmean()`` first in the chain: checked for
+            grads (``fd.distributed.mean_updates()`` first in the chain: checked for
             ``fd.train_step`` steps), the ranks agree on the number of batches
             and the layout of the first before each epoch, the metrics are
             averaged over the ranks at the end of each epoch and only rank 0
@@ -189,7 +241,7 @@ def fit(
             ``epochs > 1``; no batches at all; a missing or read-only checkpoint
             folder; a checkpoint of another run with ``resume=True``;
             data-parallel: a batch size the world size does not divide, an
-            optimizer without ``pmean``/``psum``, ranks with different numbers of
+            optimizer without ``fd.distributed.mean_updates``/``sum_updates``, ranks with different numbers of
             batches, batch layouts or param layouts (on every rank).
         RuntimeError: ``data_parallel=True`` without a process group;
             ``fd.distributed.CollectiveError`` when a collective fails or times out.

@@ -106,7 +106,9 @@ def pmean_adam_equals_one_process():
     net = make_net()
     model = fd.Module(net, in_keys=["x"], out_keys=["y"])
     params = fd.from_module(net)
-    dp = fd.train_step(loss_of(model), fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2)))
+    dp = fd.train_step(
+        loss_of(model), fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-2))
+    )
     one = fd.train_step(loss_of(model), fd.optim.adam(1e-2))
     p, s = params, dp.optimizer.init(params)
     q, t = params, fd.optim.adam(1e-2).init(params)
@@ -122,7 +124,7 @@ def fit_data_parallel_equals_fit():
     net = make_net()
     model = fd.Module(net, in_keys=["x"], out_keys=["y"])
     params = fd.from_module(net)
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-2))
     step = fd.train_step(loss_of(model), opt)
     data = batches(4)
     p, _, hist = fd.fit(

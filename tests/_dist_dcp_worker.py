@@ -63,7 +63,7 @@ def setup(rules):
     def loss_fn(params, batch, key):
         return ((m(params, x=batch["x"]) - batch["y"]) ** 2).mean().full_tensor()
 
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-2))
     return fd.train_step(loss_fn, opt), params, opt.init(params)
 
 

@@ -64,7 +64,7 @@ def main() -> None:
         y = torch.sin(x.sum(-1, keepdim=True))
         return [fd.TensorDict({"x": x[i : i + 8], "y": y[i : i + 8]}, [8]) for i in (0, 8, 16)]
 
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-2))
     params = model.init(fd.random.key(0)).double()
     step = fd.train_step(loss_fn, opt)
 

@@ -192,7 +192,7 @@ def pmean_adam_equals_ddp_and_single_process():
     params0 = fd.from_module(net)
     batches = data(10)
     # functd, 2 ranks
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-2))
     step = fd.train_step(functd_loss(model), opt)
     p, s = params0, opt.init(params0)
     for x, y in batches:
@@ -224,7 +224,7 @@ def clip_after_pmean_sees_global_norm():
     params0 = fd.from_module(net)
     ((x, y),) = data(1)
     tail = (fd.optim.clip_by_global_norm(0.05), fd.optim.sgd(0.1))
-    dp = fd.optim.chain(fd.distributed.pmean(), *tail)
+    dp = fd.optim.chain(fd.distributed.mean_updates(), *tail)
     step = fd.train_step(functd_loss(model), dp)
     p, _, _ = step(
         params0, dp.init(params0), fd.TensorDict({"x": local(x), "y": local(y)}, [8]), None
@@ -244,7 +244,7 @@ def fit_data_parallel_equals_single_process():
     # the ranks start from different params: fit broadcasts rank 0's
     params0 = init if RANK == 0 else fd.tree.map(torch.zeros_like, init)
     batches = [fd.TensorDict({"x": x, "y": y}, [16]) for x, y in data(3)]
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-2))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-2))
     step = fd.train_step(functd_loss(model), opt)
     path = os.path.join(OUT, "ckpt.pt")
     buf = io.StringIO()
@@ -282,7 +282,7 @@ def compiled_step_and_collectives_equal_eager():
     net = make_net((8, 4, 1))
     model = fd.Module(net, in_keys=["x"], out_keys=["y"])
     params0 = fd.from_module(net)
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.sgd(0.1))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.sgd(0.1))
     step = fd.train_step(functd_loss(model), opt)
     ((x, y),) = data(1)
     batch = fd.TensorDict({"x": local(x), "y": local(y)}, [8])
@@ -318,7 +318,7 @@ def pmean_resolves_partial_dtensor_grads():
         },
         [],
     )
-    tx = fd.distributed.pmean()
+    tx = fd.distributed.mean_updates()
     out, _ = tx.update(grads, tx.init(fd.TensorDict({"w": torch.ones(1)}, [])))
     part = out["partial"]
     assert part.placements == (Replicate(),)
@@ -358,24 +358,26 @@ def pmean_hot_path_equals_all_reduce():
         before = snapshot(mine)
         want = fd.tree.map(lambda *xs: sum(x / WORLD for x in xs), *everyone)
         for cap in (25, 1e-5):  # one flat buffer; one bucket a leaf
-            pm = fd.distributed.pmean(bucket_cap_mb=cap)
+            pm = fd.distributed.mean_updates(bucket_cap_mb=cap)
             for _ in range(3):  # the first call makes the entry, the others hit it
                 got, st = pm.update(mine, pm.init(mine))
                 close(got, want, dict(rtol=0, atol=0))  # bit-equal: divided before the sum
                 assert not same_ptrs(got, mine) and list(st.keys()) == []
         close(mine, before, dict(rtol=0, atol=0))  # purity
-    ps = fd.distributed.psum()
+    ps = fd.distributed.sum_updates()
     ints = fd.TensorDict({"a": torch.arange(3) + RANK, "b": torch.ones(2, dtype=torch.int32)}, [])
     for _ in range(2):
         got, _ = ps.update(ints, ps.init(fd.TensorDict({"a": torch.ones(3)}, [])))
         assert got["a"].tolist() == [1, 3, 5] and got["b"].tolist() == [2, 2]
     param = fd.TensorDict({"w": nn.Parameter(torch.full((2,), float(RANK)))}, [])
-    got, _ = fd.distributed.pmean().update(param, fd.TensorDict({}, []))
+    got, _ = fd.distributed.mean_updates().update(param, fd.TensorDict({}, []))
     assert got["w"].tolist() == [0.5, 0.5]
     assert _fast._entries  # the hot path was taken
     # a mismatch on a new layout is still caught on every rank, naming the key
     bad = fd.TensorDict({"w": torch.ones(2, 7 + RANK)}, [])
-    return expect(ValueError, lambda: fd.distributed.pmean().update(bad, fd.TensorDict({}, [])))
+    return expect(
+        ValueError, lambda: fd.distributed.mean_updates().update(bad, fd.TensorDict({}, []))
+    )
 
 
 # ------------------------------------------------------------------ bad input
@@ -403,7 +405,7 @@ def bad_different_shapes():
 def bad_fit_batch_not_divisible():
     model = fd.Module(make_net((8, 1)), in_keys=["x"], out_keys=["y"])
     params = model.init(fd.random.key(0))
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.sgd(0.1))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.sgd(0.1))
     step = fd.train_step(functd_loss(model), opt)
     batches = [fd.TensorDict({"x": torch.ones(5, 8), "y": torch.ones(5, 1)}, [5])]
     return expect(

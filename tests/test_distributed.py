@@ -89,7 +89,7 @@ def test_fit_batch_not_divisible_by_world_size(report):
 
 def test_fit_data_parallel_needs_a_reducing_optimizer(report):
     for msg in _ok(report, "bad_fit_without_pmean"):
-        assert "fd.distributed.pmean() first" in msg
+        assert "fd.distributed.mean_updates() first" in msg
 
 
 def test_bad_arguments_are_clear_errors(report):
@@ -122,7 +122,7 @@ def test_no_process_group_says_how_to_start_one(call):
 
 def test_pmean_without_process_group_and_fit_data_parallel_without_one():
     params = fd.TensorDict({"w": torch.ones(2)}, [])
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.sgd(0.1))
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.sgd(0.1))
     with pytest.raises(RuntimeError, match="init_process_group"):
         opt.update(params, opt.init(params), params)
     step = fd.train_step(lambda p, b, k: (p["w"] ** 2).sum(), opt)
@@ -146,9 +146,9 @@ def test_fit_checkpoint_in_one_process_is_loadable(tmp_path):
 
 
 def test_pmean_is_a_stateless_value():
-    assert fd.distributed.pmean() == fd.distributed.pmean()
-    assert fd.distributed.pmean() != fd.distributed.psum()
-    assert repr(fd.distributed.pmean()).startswith("pmean(")
-    opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3))
+    assert fd.distributed.mean_updates() == fd.distributed.mean_updates()
+    assert fd.distributed.mean_updates() != fd.distributed.sum_updates()
+    assert repr(fd.distributed.mean_updates()).startswith("mean_updates(")
+    opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-3))
     params = fd.TensorDict({"w": torch.ones(2)}, [])
     assert opt.init(params)["0"].keys() == ()

@@ -107,7 +107,10 @@ def test_a_stalled_rank_ends_every_rank_within_the_timeout_with_our_error(report
     for res in (waiting, stalled):
         assert res["collective"] == "all_reduce" and res["step"] == 2
         assert "at step 2 (epoch 0)" in res["message"]
-        assert "the all_reduce of fd.distributed.pmean.update (inside the step)" in res["message"]
+        assert (
+            "the all_reduce of fd.distributed.mean_updates.update (inside the step)"
+            in res["message"]
+        )
         assert res["cause"].startswith("RuntimeError: ")  # gloo's own error, kept as the cause
         assert res["waited"] < TIMEOUT + 5, res
     assert f"did not complete within the timeout of {TIMEOUT:g} s" in waiting["message"]

@@ -164,3 +164,31 @@ def test_fd_grad_keeps_the_params_check_mark_on_the_params_it_is_given():
     net(x).pow(2).mean().backward()
     for name, w in net.named_parameters():
         torch.testing.assert_close(grads[tuple(name.split("."))], w.grad)
+
+
+def test_train_step_is_a_frozen_value_equal_to_the_function_it_describes():
+    opt = fd.optim.adam(1e-2)
+
+    def loss_fn(params, batch, key):
+        return ((params["w"] * batch).sum() - 1.0) ** 2
+
+    step = fd.train_step(loss_fn, opt)
+    assert isinstance(step, fd.TrainStep)
+    assert step.loss_fn is loss_fn and step.optimizer is opt
+    assert step == fd.train_step(loss_fn, fd.optim.adam(1e-2))
+    assert hash(step) == hash(fd.train_step(loss_fn, fd.optim.adam(1e-2)))
+    assert step != fd.train_step(loss_fn, fd.optim.adam(1e-3))
+    with pytest.raises(AttributeError, match=r"fd.train_step\(loss_fn, ...\) is a frozen value"):
+        step.optimizer = fd.optim.sgd(0.1)
+    params = fd.TensorDict({"w": torch.tensor([1.0, 2.0])}, [])
+    batch = torch.tensor([0.5, -1.0])
+    new, _, metrics = step(params, opt.init(params), batch, None)
+    # the same step by hand, with torch.optim.Adam as the reference
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    ref = torch.optim.Adam([w], lr=1e-2)
+    loss = ((w * batch).sum() - 1.0) ** 2
+    loss.backward()
+    ref.step()
+    torch.testing.assert_close(new["w"], w.detach())
+    torch.testing.assert_close(metrics["loss"], loss.detach())
+    assert torch.equal(params["w"], torch.tensor([1.0, 2.0]))  # not modified

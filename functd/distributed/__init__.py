@@ -10,7 +10,7 @@ torch.distributed.checkpoint). See notes/distributed.md.
 Example:
     >>> import torch.distributed as dist, functd as fd
     >>> dist.init_process_group("gloo")                 # under torchrun
-    >>> opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3))
+    >>> opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-3))
     >>> step = fd.train_step(loss_fn, opt)              # each rank: its shard
     >>> mean = fd.distributed.all_reduce(metrics, op="mean")
 """
@@ -22,9 +22,9 @@ from ._collectives import all_gather as all_gather
 from ._collectives import all_reduce as all_reduce
 from ._collectives import broadcast as broadcast
 from ._collectives import reduce_scatter as reduce_scatter
-from ._data_parallel import pmean as pmean
-from ._data_parallel import psum as psum
+from ._data_parallel import mean_updates as mean_updates
 from ._data_parallel import resolve_partial as resolve_partial
+from ._data_parallel import sum_updates as sum_updates
 from ._dcp import load as load
 from ._dcp import save as save
 
@@ -49,8 +49,8 @@ __all__: list[str] = [
     "is_dtensor",
     "load",
     "member_slice",
-    "pmean",
-    "psum",
+    "mean_updates",
+    "sum_updates",
     "reduce_scatter",
     "replicate",
     "resolve_partial",

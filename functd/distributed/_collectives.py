@@ -66,7 +66,7 @@ def _flatten(where: str, tree: Any) -> tuple[list[Tensor], Any]:
             raise TypeError(
                 f"{where}: the leaf at {'.'.join(map(str, path))!r} is a DTensor; it carries "
                 "its own placements: use x.redistribute(...) or x.full_tensor(), or "
-                "fd.distributed.pmean(), which resolves Partial DTensor grads."
+                "fd.distributed.mean_updates(), which resolves Partial DTensor grads."
             )
     return leaves, spec
 
@@ -165,7 +165,7 @@ def _prepare(where, tree, group, check, cap_mb, given=None):
         raise TypeError(
             f"{where}: called inside torch.func.vmap/grad (fd.vmap, fd.grad); process-group "
             "collectives have no batching rule. Reduce outside the transform: vmap the step "
-            "without fd.distributed.pmean() in its optimizer, or all-reduce the stacked "
+            "without fd.distributed.mean_updates() in its optimizer, or all-reduce the stacked "
             "results after the vmap."
         )
     layout = (spec, tuple((x.shape, x.dtype, x.device) for x in leaves))

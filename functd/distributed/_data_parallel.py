@@ -1,14 +1,14 @@
-"""Data parallelism as an optimizer step: ``pmean()`` and ``psum()``.
+"""Data parallelism as an optimizer step: ``mean_updates()`` and ``sum_updates()``.
 
 As in optax, the cross-replica reduction of the gradients is a (stateless)
 gradient transformation, so it chains with the rest of the optimizer and the
 training step stays the one of a single process:
 
-    >>> opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.clip_by_global_norm(1.0),
+    >>> opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.clip_by_global_norm(1.0),
     ...                      fd.optim.adam(1e-3))
     >>> step = fd.train_step(loss_fn, opt)   # each rank: its shard of the batch
 
-``pmean`` averages the plain-tensor updates over the ranks (one bucketed
+``mean_updates`` averages the plain-tensor updates over the ranks (one bucketed
 all-reduce, see :func:`functd.distributed.all_reduce`), which is what DDP does
 to the gradients of a mean loss; clipping after it sees the global norm.
 
@@ -34,7 +34,7 @@ from ..optim._errors import not_a_td
 from ._collectives import _DEFAULT_CAP_MB, _all_reduce, _is_dtensor, all_reduce
 from ._fast import reduce_td
 
-__all__ = ["pmean", "psum", "resolve_partial"]
+__all__ = ["mean_updates", "sum_updates", "resolve_partial"]
 
 
 def resolve_partial(x: Tensor) -> Tensor:
@@ -82,27 +82,31 @@ def _update(updates, state, params=None, *, name: str, op: str, group: Any, buck
     return unflatten_like(updates, out), state
 
 
-def pmean(group: Any = None, *, bucket_cap_mb: float = _DEFAULT_CAP_MB) -> GradientTransformation:
+def mean_updates(
+    group: Any = None, *, bucket_cap_mb: float = _DEFAULT_CAP_MB
+) -> GradientTransformation:
     """The mean of the updates over the ranks of ``group`` (stateless), as DDP.
 
     Put it first in the chain, so everything after it (clipping, Adam) sees the
     gradient of the whole batch. ``group=None`` is the default process group.
 
     Example:
-        >>> opt = fd.optim.chain(fd.distributed.pmean(), fd.optim.adam(1e-3))
+        >>> opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-3))
     """
     return transformation(
-        "pmean", _init, _update, op="mean", group=group, bucket_cap_mb=bucket_cap_mb
+        "mean_updates", _init, _update, op="mean", group=group, bucket_cap_mb=bucket_cap_mb
     )
 
 
-def psum(group: Any = None, *, bucket_cap_mb: float = _DEFAULT_CAP_MB) -> GradientTransformation:
+def sum_updates(
+    group: Any = None, *, bucket_cap_mb: float = _DEFAULT_CAP_MB
+) -> GradientTransformation:
     """The sum of the updates over the ranks of ``group`` (stateless): for a loss
     that is a sum over the examples, or a per-rank mean already scaled by ``1/W``.
 
     Example:
-        >>> opt = fd.optim.chain(fd.distributed.psum(), fd.optim.sgd(0.1))
+        >>> opt = fd.optim.chain(fd.distributed.sum_updates(), fd.optim.sgd(0.1))
     """
     return transformation(
-        "psum", _init, _update, op="sum", group=group, bucket_cap_mb=bucket_cap_mb
+        "sum_updates", _init, _update, op="sum", group=group, bucket_cap_mb=bucket_cap_mb
     )

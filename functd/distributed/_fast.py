@@ -1,6 +1,6 @@
-"""The eager hot path of ``pmean``/``psum``: a TensorDict of plain tensors.
+"""The eager hot path of ``mean_updates``/``sum_updates``: a TensorDict of plain tensors.
 
-A data-parallel step calls ``pmean().update`` once a step with a grads
+A data-parallel step calls ``mean_updates().update`` once a step with a grads
 TensorDict of the same layout every time. The general ``all_reduce`` flattens
 it with ``functd.tree`` (optree), builds and hashes a layout key holding the
 tree structure, and looks up the bucket plan and the verified structures on
@@ -54,7 +54,7 @@ _unflatten = torch._C._nn.unflatten_dense_tensors  # views of the flat buffer
 
 class _Rider(threading.local):
     """A number that ``fit(data_parallel=True)`` has the next one-buffer
-    ``pmean``/``psum`` of this thread carry: ``arm(v)`` appends ``v`` to the
+    ``mean_updates``/``sum_updates`` of this thread carry: ``arm(v)`` appends ``v`` to the
     buffer (no extra collective), ``take()`` returns the sum over the ranks, or
     None when no such call came (then ``fit`` asks the store instead). Every
     rank arms the same calls, so the buffers keep equal sizes."""

@@ -10,7 +10,7 @@
   the ranks' gradients unequally), the error says so.
 - Step ``i`` gets the key ``fold_in(fold_in(key, i), rank)``: independent
   randomness on each shard, the same on every run.
-- The gradients are reduced by the optimizer (``fd.distributed.pmean()``
+- The gradients are reduced by the optimizer (``fd.distributed.mean_updates()``
   first in the chain); ``fit`` checks that a step built by ``fd.train_step``
   has it.
 - The metrics of each epoch are averaged over the ranks in one all-reduce at
@@ -111,7 +111,7 @@ def _cuttable(x: Any) -> bool:
 
 def _reduces(tx: Any) -> bool:
     kw = getattr(tx.update, "kwargs", {})
-    if kw.get("name") in ("pmean", "psum"):
+    if kw.get("name") in ("mean_updates", "sum_updates"):
         return True
     if isinstance(tx, _Chain):
         return any(_reduces(t) for t in tx.txs)
@@ -162,8 +162,8 @@ class DataParallel:
             raise ValueError(
                 f"{where}: data_parallel=True, but the step's optimizer {opt!r} does not "
                 "reduce the gradients over the ranks, so each rank would follow its own "
-                "shard. Put fd.distributed.pmean() first in the chain: "
-                "fd.train_step(loss_fn, fd.optim.chain(fd.distributed.pmean(), opt))."
+                "shard. Put fd.distributed.mean_updates() first in the chain: "
+                "fd.train_step(loss_fn, fd.optim.chain(fd.distributed.mean_updates(), opt))."
             )
         self.timeout = _seconds(where, timeout)
         self.limit = self.timeout  # the timeout in force (seconds; None: unknown)
@@ -283,7 +283,7 @@ class DataParallel:
         before each step it knows whether it has a next batch: that flag rides
         in the step's gradient all-reduce (``_fast.rider``), and after the step
         every rank knows whether every rank has a next batch. When a step did
-        not carry it (no one-buffer pmean/psum in it), the ranks ask the store
+        not carry it (no one-buffer mean_updates/sum_updates in it), the ranks ask the store
         instead, where each rank posts its total as soon as it knows it."""
         total = f"total/{epoch}"
         if n is not None:

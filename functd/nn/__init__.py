@@ -48,7 +48,6 @@ from ._activation import Tanhshrink as Tanhshrink
 from ._attention import MultiheadAttention as MultiheadAttention
 from ._base import Layer as Layer
 from ._base import ParamSpec as ParamSpec
-from ._base import as_key as as_key
 from ._batchnorm import BatchNorm1d as BatchNorm1d
 from ._batchnorm import BatchNorm2d as BatchNorm2d
 from ._batchnorm import BatchNorm3d as BatchNorm3d
