@@ -8,6 +8,7 @@ import warnings
 import hypothesis.strategies as st
 import pytest
 import torch
+import torch._dynamo.testing
 from hypothesis import given
 
 import functd as fd

@@ -79,8 +79,9 @@ def _body(f, init_leaves, init_spec, xs_spec, box: list | None):
         new, y = _split(out)
         c = check_carry(init_spec, init_leaves, new)
         ys, spec = y_leaves(y)
-        if box is not None:
-            box.append(spec)
+        if box is None:  # dynamo
+            return [v.clone() for v in c] + [v.clone() for v in ys]
+        box.append(spec)
         return [_bdim_last(v.clone()) for v in c] + [v.clone() for v in ys]
 
     return body
