@@ -25,8 +25,9 @@ import torch
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-import functd as fd  # noqa: E402
-from _common import clock_us, machine, table  # noqa: E402
+from _common import clock_us, machine, table
+
+import functd as fd
 
 H, OBS, ACT = 64, 4, 2
 
@@ -58,7 +59,10 @@ def rollout(p, key, obs):
         h = gru(p, x, c["h"])
         logits = h @ p["wo"] + p["bo"]
         a = fd.random.categorical(sub, logits)
-        return {"h": h, "key": key}, {"action": a, "logp": torch.log_softmax(logits, -1).gather(-1, a[None])[0]}
+        return {"h": h, "key": key}, {
+            "action": a,
+            "logp": torch.log_softmax(logits, -1).gather(-1, a[None])[0],
+        }
 
     return fd.scan(step, {"h": torch.zeros(H), "key": key}, obs)
 
@@ -110,7 +114,10 @@ def compile_rows() -> list[list]:
 
 def eager_rows(n: int = 64, rounds: int = 3) -> list[list]:
     p, key, obs = params(), fd.random.key(0), torch.randn(n, OBS)
-    fns = {"fd.scan": lambda: rollout(p, key, obs), "Python loop": lambda: rollout_loop(p, key, obs)}
+    fns = {
+        "fd.scan": lambda: rollout(p, key, obs),
+        "Python loop": lambda: rollout_loop(p, key, obs),
+    }
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():

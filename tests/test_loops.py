@@ -147,7 +147,9 @@ def test_fori_loop_under_vmap_and_grad():
 # ------------------------------------------------------------------------ errors
 def test_error_carry_dtype_changed_names_path():
     init = fd.TensorDict({"h": torch.zeros(3), "n": torch.zeros(())})
-    with pytest.raises(TypeError, match=r"changed the carry at carry\['h'\]: .*float32\[3\].*float64\[3\]"):
+    with pytest.raises(
+        TypeError, match=r"changed the carry at carry\['h'\]: .*float32\[3\].*float64\[3\]"
+    ):
         fd.scan(lambda c, x: (c.set("h", c["h"].double()), None), init, length=2)
 
 
@@ -169,7 +171,9 @@ def test_error_xs_and_length():
     with pytest.raises(ValueError, match="length must be a Python int >= 1"):
         fd.scan(lambda c, x: (c, None), torch.zeros(1), length=0)
     with pytest.raises(ValueError, match=r"TensorDict at xs\['td'\] has batch size \[\]"):
-        fd.scan(lambda c, x: (c, None), torch.zeros(1), {"td": fd.TensorDict({"a": torch.zeros(3)})})
+        fd.scan(
+            lambda c, x: (c, None), torch.zeros(1), {"td": fd.TensorDict({"a": torch.zeros(3)})}
+        )
     with pytest.raises(TypeError, match=r"xs\[0\] is a 0-d tensor"):
         fd.scan(lambda c, x: (c, None), torch.zeros(1), (torch.zeros(()),))
 

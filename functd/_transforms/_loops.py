@@ -48,7 +48,9 @@ XS_LENGTHS = (
     "fd.scan: the leaves of xs disagree on the number of steps: xs{a} has {n} along "
     "dim 0 and xs{b} has {m}. Every leaf of xs is sliced along dim 0."
 )
-LENGTH_XS = "fd.scan: length={length} but xs{path} has {n} steps along dim 0; drop length or fix xs."
+LENGTH_XS = (
+    "fd.scan: length={length} but xs{path} has {n} steps along dim 0; drop length or fix xs."
+)
 F_RESULT = (
     "fd.scan: f must return a pair (carry, y); it returned {kind}. Return (carry, None) "
     "when there is nothing to stack."
@@ -103,7 +105,7 @@ def _flat_xs(xs: Any, length: int | None) -> tuple[list[Tensor], Any, int]:
     paths, leaves, spec = optree.tree_flatten_with_path(xs, namespace=NAMESPACE)
     _check_tds(xs, ())
     n = None
-    for i, (p, v) in enumerate(zip(paths, leaves)):
+    for p, v in zip(paths, leaves):
         if not isinstance(v, Tensor) or v.ndim == 0:
             kind = "0-d tensor" if isinstance(v, Tensor) else _kind(v)
             raise TypeError(XS_LEAF.format(path=fmt_path(p, ""), kind=kind))
@@ -135,8 +137,8 @@ def _check_tds(v: Any, path: tuple) -> None:
             _check_tds(w, (*path, k))
 
 
-def _check_length(n: Any, fix: str) -> int:
-    if type(n) is not int and not isinstance(n, torch.SymInt) or (type(n) is int and n < 1):
+def _check_length(n: Any, fix: str) -> Any:
+    if (type(n) is not int and not isinstance(n, torch.SymInt)) or (type(n) is int and n < 1):
         fix = fix or "A loop of 0 steps has no ys to stack (their shapes come from f)."
         raise ValueError(BAD_LENGTH.format(got=n, fix=fix))
     return n

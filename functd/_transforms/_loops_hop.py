@@ -168,17 +168,15 @@ def _scan_nodes(graph: torch.fx.Graph) -> list:
     return list(graph.find_nodes(op="call_function", target=torch.ops.higher_order.scan))
 
 
-_LOOP_OPS = (torch.ops.higher_order.scan, torch.ops.higher_order.while_loop)
-
-
-def _lift(fx_tracer: Any, node: torch.fx.Node) -> None:
+def _lift(fx_tracer: Any, node: Any) -> None:
     """Make the traced tensors that ``node``'s subgraph reads as constants inputs of
     the op (``additional_inputs``); constants of loops nested in it first move up
     into it. A real tensor constant (not traced) stays a constant."""
     from torch.fx.experimental.proxy_tensor import get_proxy_slot
 
     root = fx_tracer.root
-    sub = getattr(root, node.args[0].target)
+    args: Any = node.args
+    sub = getattr(root, args[0].target)
     _pull_up(sub)
     lifted = []
     for const in list(sub.graph.find_nodes(op="get_attr")):
@@ -191,19 +189,15 @@ def _lift(fx_tracer: Any, node: torch.fx.Node) -> None:
         lifted.append(proxy.proxy.node)
         _to_placeholder(sub, const, value)
     if lifted:
-        init, xs, extra = node.args[1], node.args[2], node.args[3]
-        node.args = (node.args[0], init, xs, (*tuple(extra), *lifted))
+        node.args = (args[0], args[1], args[2], (*tuple(args[3]), *lifted))
 
 
 def _pull_up(gm: torch.fx.GraphModule) -> None:
     """Constants read by loops nested in ``gm`` become constants of ``gm`` passed to
     them as inputs, so that one more ``_lift`` level can see them."""
-    for node in list(gm.graph.nodes):
-        if node.op != "call_function" or node.target not in _LOOP_OPS:
-            continue
-        if node.target is not torch.ops.higher_order.scan:
-            continue
-        sub = getattr(gm, node.args[0].target)
+    for node in _scan_nodes(gm.graph):
+        args: Any = node.args
+        sub = getattr(gm, args[0].target)
         _pull_up(sub)
         moved = []
         for const in list(sub.graph.find_nodes(op="get_attr")):
@@ -218,8 +212,7 @@ def _pull_up(gm: torch.fx.GraphModule) -> None:
             moved.append(attr)
             _to_placeholder(sub, const, value)
         if moved:
-            init, xs, extra = node.args[1], node.args[2], node.args[3]
-            node.args = (node.args[0], init, xs, (*tuple(extra), *moved))
+            node.args = (args[0], args[1], args[2], (*tuple(args[3]), *moved))
     gm.recompile()
 
 
@@ -245,7 +238,7 @@ def _to_placeholder(gm: torch.fx.GraphModule, const: torch.fx.Node, value: Tenso
     const.replace_all_uses_with(ph)
     gm.graph.erase_node(const)
     if not gm.graph.find_nodes(op="get_attr", target=const.target):
-        delattr(gm, const.target)
+        delattr(gm, str(const.target))
     gm.recompile()
 
 
