@@ -320,6 +320,8 @@ def fori_loop(lower: int, upper: int, body: Callable[[Tensor, Any], Any], init: 
     if upper <= lower:
         _check_init(init)
         return init
-    idx = torch.arange(lower, upper, dtype=torch.int64)
+    leaves = optree.tree_leaves(init, namespace=NAMESPACE)
+    device = leaves[0].device if leaves and isinstance(leaves[0], Tensor) else None
+    idx = torch.arange(lower, upper, dtype=torch.int64, device=device)
     carry, _ = scan(lambda c, i: (body(i, c), None), init, idx)
     return carry
