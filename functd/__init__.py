@@ -50,6 +50,9 @@ from ._transforms._cuda_graph import CudaGraphWarning as CudaGraphWarning
 from ._transforms._cuda_graph import cuda_graph as cuda_graph
 from ._transforms._jit import JitWarning as JitWarning
 from ._transforms._jit import jit as jit
+from ._transforms._loops import LoopWarning as LoopWarning
+from ._transforms._loops import fori_loop as fori_loop
+from ._transforms._loops import scan as scan
 from ._transforms._vmap import TransformError as TransformError
 from ._transforms._vmap import vmap as vmap
 from ._version import __version__ as __version__

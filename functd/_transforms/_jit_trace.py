@@ -91,6 +91,11 @@ GLOBAL_RANDOM = (
     "comes from keys: pass a key as an argument (fd.random.key(0)) and draw with "
     "fd.random.normal(key, shape) or call modules with key=."
 )
+TRACED_CONSTANT = (
+    "{name}: a loop's step (fd.scan, or torch's scan/while_loop op) reads a traced tensor "
+    "as a constant ({attr}) that could not be made an input of the loop; the compiled "
+    "code would read garbage. Pass the tensor through the loop's carry or xs."
+)
 BAD_OUTPUT = (
     "{name}: the output {path} is a {kind}, not a tensor or a plain Python value; a "
     "jitted function returns pytrees of tensors (TensorDicts, tuples, dicts). {fix}"
@@ -297,6 +302,13 @@ def _written(node: torch.fx.Node):
 
 
 def _check_graph(name: str, gm: torch.fx.GraphModule, flat: Flat) -> None:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    for sub_name, sub in gm.named_modules():
+        for node in sub.graph.find_nodes(op="get_attr") if sub_name else ():
+            if isinstance(getattr(sub, str(node.target), None), FakeTensor):
+                attr = f"{sub_name}.{node.target}"
+                raise TransformError(TRACED_CONSTANT.format(name=name, attr=attr))
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node in gm.graph.nodes:
         target = node.target

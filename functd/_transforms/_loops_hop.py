@@ -1,0 +1,250 @@
+"""``fd.scan`` while compiling: torch's ``scan`` higher-order op, one graph per loop.
+
+Two tracers reach here, with ``torch.compiler.is_compiling()`` True:
+
+- **dynamo** (``torch.compile``): torch's ``scan`` function, whose dynamo rule
+  traces the step once and lifts the tensors it closes over into inputs of the op.
+  The step's outputs must be lists of tensors, so ``f`` is first run once on the
+  first slice, outside the op (its result is dead code the compiler drops) to learn
+  the structure of ``y`` and to check the carry with functd's message.
+- **make_fx** (``fd.jit``'s trace, torch.export's non-strict mode): ``scan_op``
+  itself; make_fx traces the step into a subgraph. A tensor the step closes over
+  that the outer trace tracks (a parameter, a value computed before the loop)
+  becomes a constant of that subgraph, which would compile to a wrong answer:
+  ``_lift`` turns each into an input of the op (``additional_inputs``), in every
+  nested loop too. Dynamo is not used here: it refuses to start inside
+  ``torch.func`` transforms (``fd.jit(fd.vmap(f))``).
+
+Where the op cannot follow (scan inside ``fd.grad`` under ``fd.jit``: no
+``torch.func.grad`` rule for the op in torch 2.13), the loop is unrolled with a
+``LoopWarning``: the result is right, the graph grows with the length.
+
+Example:
+    >>> out = scan_compiled(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, False)
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import optree
+import torch
+from torch import Tensor
+
+from ._loops import LoopWarning, check_carry, y_leaves
+
+__all__ = ["scan_compiled"]
+
+UNROLLED = (
+    "fd.scan: torch's scan op cannot follow this loop ({why}); the loop of {n} steps is "
+    "unrolled into the graph (right, but its size and compile time grow with the length)."
+    "{fix}"
+)
+_GRAD_FIX = (
+    " To keep one graph, differentiate inside the step (fd.grad in f) or run the "
+    "differentiated function eagerly."
+)
+
+
+def _warn(why: str, n: int, fix: str = "") -> None:
+    warnings.warn(UNROLLED.format(why=why, n=n, fix=fix), LoopWarning, stacklevel=4)
+
+
+def scan_compiled(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
+    """``(carry, ys)`` through torch's scan op, or None: unroll (a LoopWarning said why)."""
+    if torch.compiler.is_dynamo_compiling():
+        return _dynamo(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
+    return _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
+
+
+def _inputs(init_leaves, xs_leaves, n, reverse) -> list[Tensor]:
+    if not xs_leaves:  # x=None: loop over the step numbers
+        device = init_leaves[0].device if init_leaves else None
+        return [torch.arange(n, device=device)]
+    return [torch.flip(v, (0,)) for v in xs_leaves] if reverse else list(xs_leaves)
+
+
+def _body(f, init_leaves, init_spec, xs_spec, box: list | None):
+    """The step on flat leaves: ``(*carry, *x) -> [*carry, *y]`` (fresh tensors: the
+    op refuses outputs that alias its inputs)."""
+    n_init = len(init_leaves)
+
+    def body(*leaves: Tensor) -> list[Tensor]:
+        carry = optree.tree_unflatten(init_spec, list(leaves[:n_init]))
+        x = None if xs_spec is None else optree.tree_unflatten(xs_spec, list(leaves[n_init:]))
+        out = f(carry, x)
+        from ._loops import _split
+
+        new, y = _split(out)
+        c = check_carry(init_spec, init_leaves, new)
+        ys, spec = y_leaves(y)
+        if box is None:  # dynamo
+            return [v.clone() for v in c] + [v.clone() for v in ys]
+        box.append(spec)
+        return [_bdim_last(v.clone()) for v in c] + [v.clone() for v in ys]
+
+    return body
+
+
+_F = torch._C._functorch
+
+
+def _bdim_last(t: Tensor) -> Tensor:
+    """``t`` with the vmap dim of each level last and contiguous underneath: torch's
+    vmap rule for the op moves each carry's batch dim last, and the op then requires the
+    same strides for the carry in and out, which this layout gives both."""
+    if not _F.is_batchedtensor(t):
+        return t
+    level, bdim = _F.maybe_get_level(t), _F.maybe_get_bdim(t)
+    inner = _bdim_last(_F.get_unwrapped(t))
+    inner = inner.movedim(bdim, -1).contiguous()
+    return _F._add_batch_dim(inner, inner.ndim - 1, level)
+
+
+def _finish(out: list, init_spec, y_spec, n_init: int, reverse: bool):
+    carry = optree.tree_unflatten(init_spec, list(out[:n_init]))
+    ys = list(out[n_init:])
+    if reverse:
+        ys = [torch.flip(v, (0,)) for v in ys]
+    return carry, optree.tree_unflatten(y_spec, ys)
+
+
+def _dynamo(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
+    from torch._higher_order_ops.scan import scan as hop_scan
+
+    from ._loops import _split
+
+    # the first step, outside the op: y's structure and the carry check (dead code after)
+    x0 = None
+    if xs_spec is not None:
+        x0 = optree.tree_unflatten(xs_spec, [v[-1 if reverse else 0] for v in xs_leaves])
+    new, y = _split(f(init, x0))
+    c0 = check_carry(init_spec, init_leaves, new)
+    y0, y_spec = y_leaves(y)
+    if any(v.requires_grad for v in (*c0, *y0)):
+        return None  # differentiated: the op's backward fails to compile in torch 2.13
+    body = _body(f, init_leaves, init_spec, xs_spec, None)
+    n_init = len(init_leaves)
+
+    def step(c: list, x: list):
+        out = body(*c, *x)
+        return out[:n_init], out[n_init:]
+
+    carry, ys = hop_scan(step, list(init_leaves), _inputs(init_leaves, xs_leaves, n, reverse))
+    return _finish([*carry, *ys], init_spec, y_spec, n_init, reverse)
+
+
+def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
+    from torch._higher_order_ops.scan import scan_op
+    from torch.fx.experimental import proxy_tensor
+
+    tracer = proxy_tensor._CURRENT_MAKE_FX_TRACER
+    if tracer is None or tracer.fx_tracer is None:
+        return None  # compiling flag without a make_fx trace: the Python loop is right
+    if _under_grad():
+        _warn("it is inside fd.grad / torch.func.grad, which has no rule for it", n, _GRAD_FIX)
+        return None
+    box: list = []
+    body = _body(f, init_leaves, init_spec, xs_spec, box)
+    graph = tracer.fx_tracer.graph
+    before = _scan_nodes(graph)
+    init_leaves = [_bdim_last(v) for v in init_leaves]
+    out = scan_op(body, list(init_leaves), _inputs(init_leaves, xs_leaves, n, reverse), ())
+    new = [m for m in _scan_nodes(graph) if m not in before]
+    for node in new:
+        _lift(tracer.fx_tracer, node)
+    return _finish(list(out), init_spec, box[-1], len(init_leaves), reverse)
+
+
+def _under_grad() -> bool:
+    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+
+    grad = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    return any(i.key() in grad for i in retrieve_all_functorch_interpreters())
+
+
+def _scan_nodes(graph: torch.fx.Graph) -> list:
+    return list(graph.find_nodes(op="call_function", target=torch.ops.higher_order.scan))
+
+
+def _lift(fx_tracer: Any, node: Any) -> None:
+    """Make the traced tensors that ``node``'s subgraph reads as constants inputs of
+    the op (``additional_inputs``); constants of loops nested in it first move up
+    into it. A real tensor constant (not traced) stays a constant."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_slot
+
+    root = fx_tracer.root
+    args: Any = node.args
+    sub = getattr(root, args[0].target)
+    _pull_up(sub)
+    lifted = []
+    for const in list(sub.graph.find_nodes(op="get_attr")):
+        value = getattr(sub, const.target, None)
+        if not isinstance(value, Tensor):
+            continue
+        proxy = get_proxy_slot(value, fx_tracer, None)
+        if proxy is None:
+            continue
+        lifted.append(proxy.proxy.node)
+        _to_placeholder(sub, const, value)
+    if lifted:
+        node.args = (args[0], args[1], args[2], (*tuple(args[3]), *lifted))
+
+
+def _pull_up(gm: torch.fx.GraphModule) -> None:
+    """Constants read by loops nested in ``gm`` become constants of ``gm`` passed to
+    them as inputs, so that one more ``_lift`` level can see them."""
+    for node in _scan_nodes(gm.graph):
+        args: Any = node.args
+        sub = getattr(gm, args[0].target)
+        _pull_up(sub)
+        moved = []
+        for const in list(sub.graph.find_nodes(op="get_attr")):
+            value = getattr(sub, const.target, None)
+            if not isinstance(value, Tensor) or not _is_fake(value):
+                continue
+            name = _fresh(gm, "_lifted_constant")
+            gm.register_buffer(name, value, persistent=False)
+            with gm.graph.inserting_before(node):
+                attr = gm.graph.get_attr(name)
+            attr.meta["val"] = value
+            moved.append(attr)
+            _to_placeholder(sub, const, value)
+        if moved:
+            node.args = (args[0], args[1], args[2], (*tuple(args[3]), *moved))
+    gm.recompile()
+
+
+def _is_fake(t: Tensor) -> bool:
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(t, FakeTensor)
+
+
+def _fresh(gm: torch.fx.GraphModule, base: str) -> str:
+    i = 0
+    while hasattr(gm, f"{base}{i}"):
+        i += 1
+    return f"{base}{i}"
+
+
+def _to_placeholder(gm: torch.fx.GraphModule, const: torch.fx.Node, value: Tensor) -> None:
+    """Replace the constant node ``const`` of ``gm`` by a new last input."""
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    with gm.graph.inserting_after(placeholders[-1]):
+        ph = gm.graph.placeholder(_fresh_ph(placeholders))
+    ph.meta["val"] = value
+    const.replace_all_uses_with(ph)
+    gm.graph.erase_node(const)
+    if not gm.graph.find_nodes(op="get_attr", target=const.target):
+        delattr(gm, str(const.target))
+    gm.recompile()
+
+
+def _fresh_ph(placeholders: list) -> str:
+    names = {p.name for p in placeholders}
+    i = 0
+    while f"lifted_{i}" in names:
+        i += 1
+    return f"lifted_{i}"

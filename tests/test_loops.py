@@ -1,0 +1,288 @@
+"""fd.scan and fd.fori_loop: equal to the Python loop, under fd.vmap and fd.grad, and
+one graph under fd.jit / torch.compile (torch's scan op)."""
+
+from __future__ import annotations
+
+import warnings
+
+import hypothesis.strategies as st
+import pytest
+import torch
+import torch._dynamo.testing
+from hypothesis import given
+
+import functd as fd
+from functd.testing import assert_close
+
+D = torch.float64
+
+
+def _params(seed: int = 0) -> fd.TensorDict:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(3, 3, dtype=D, generator=g) * 0.5
+    return fd.TensorDict({"w": w, "b": torch.randn(3, dtype=D, generator=g)})
+
+
+def _rollout(p, h0, xs, reverse=False):
+    """A recurrent step closing over params: TensorDicts in the carry, xs and ys."""
+
+    def step(c, x):
+        h = torch.tanh(c["h"] @ p["w"] + p["b"] + x["x"])
+        y = {"h": h, "td": fd.TensorDict({"sq": h * h}, batch_size=h.shape[:-1])}
+        return c.set("h", h).set("n", c["n"] + 1), y
+
+    init = fd.TensorDict({"h": h0, "n": torch.zeros((), dtype=torch.int64)})
+    return fd.scan(step, init, fd.TensorDict({"x": xs}, batch_size=xs.shape[:1]), reverse=reverse)
+
+
+def _rollout_loop(p, h0, xs, reverse=False):
+    """The same, written as a Python loop (the reference)."""
+    h, n, hs = h0, torch.zeros((), dtype=torch.int64), {}
+    order = range(xs.shape[0] - 1, -1, -1) if reverse else range(xs.shape[0])
+    for i in order:
+        h = torch.tanh(h @ p["w"] + p["b"] + xs[i])
+        n = n + 1
+        hs[i] = h
+    stacked = torch.stack([hs[i] for i in range(xs.shape[0])])
+    td = fd.TensorDict({"sq": stacked * stacked}, batch_size=[xs.shape[0]])
+    return fd.TensorDict({"h": h, "n": n}), {"h": stacked, "td": td}
+
+
+def _loss(p, h0, xs):
+    c, ys = _rollout(p, h0, xs)
+    return c["h"].sum() + ys["td"]["sq"].sum()
+
+
+def _loss_loop(p, h0, xs):
+    c, ys = _rollout_loop(p, h0, xs)
+    return c["h"].sum() + ys["td"]["sq"].sum()
+
+
+# ------------------------------------------------------------------------- eager
+@given(n=st.integers(1, 6), reverse=st.booleans(), seed=st.integers(0, 5))
+def test_scan_equals_python_loop(n, reverse, seed):
+    g = torch.Generator().manual_seed(seed)
+    p, h0, xs = _params(seed), torch.randn(3, dtype=D, generator=g), torch.randn(n, 3, dtype=D)
+    c, ys = _rollout(p, h0, xs, reverse)
+    assert c["n"].item() == n
+    assert ys["td"].batch_size == torch.Size([n])
+    assert_close((c, ys), _rollout_loop(p, h0, xs, reverse), rtol=0, atol=0)
+
+
+def test_scan_ys_tensordict_stacked_batch_size():
+    xs = fd.TensorDict({"a": torch.randn(4, 2, 5)}, batch_size=[4, 2])
+
+    def step(c, x):
+        assert x.batch_size == torch.Size([2])
+        return c + x["a"].sum(), x.set("b", x["a"] * 2)
+
+    c, ys = fd.scan(step, torch.zeros(()), xs)
+    assert ys.batch_size == torch.Size([4, 2])
+    assert_close(ys["b"], xs["a"] * 2)
+    assert_close(c, xs["a"].sum())
+
+
+def test_scan_length_without_xs_and_none_ys():
+    c, ys = fd.scan(lambda c, x: (c * 2, None), torch.ones(2), length=5)
+    assert ys is None
+    assert_close(c, torch.full((2,), 32.0))
+    c, ys = fd.scan(lambda c, x: (c + 1, (c, {"sq": c * c})), torch.zeros(()), length=3)
+    assert_close(ys, (torch.tensor([0.0, 1, 2]), {"sq": torch.tensor([0.0, 1, 4])}))
+
+
+def test_scan_does_not_modify_inputs():
+    init, xs = torch.zeros(3), torch.ones(4, 3)
+    before = (init.clone(), xs.clone())
+    fd.scan(lambda c, x: (c + x, c), init, xs)
+    assert_close((init, xs), before, rtol=0, atol=0)
+
+
+@given(lo=st.integers(-3, 3), hi=st.integers(-3, 6))
+def test_fori_loop_equals_python_loop(lo, hi):
+    def body(i, c):
+        assert i.dtype == torch.int64 and i.ndim == 0
+        return {"s": c["s"] + i, "p": c["p"] * 2}
+
+    init = {"s": torch.zeros((), dtype=torch.int64), "p": torch.ones(2)}
+    ref = dict(init)
+    for i in range(lo, hi):
+        ref = {"s": ref["s"] + i, "p": ref["p"] * 2}
+    assert_close(fd.fori_loop(lo, hi, body, init), ref, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------ vmap and grad
+def test_scan_under_vmap_equals_loop_over_batch():
+    p = _params()
+    hb, xb = torch.randn(4, 3, dtype=D), torch.randn(4, 6, 3, dtype=D)
+    out = fd.vmap(_rollout, in_dims=(None, 0, 0))(p, hb, xb)
+    ref = fd.stack([_rollout_loop(p, hb[i], xb[i])[0] for i in range(4)])
+    assert_close(out[0], ref)
+    assert out[1]["td"].batch_size == torch.Size([4, 6])
+
+
+def test_scan_under_grad_equals_grad_of_unrolled_loop():
+    p, h0, xs = _params(), torch.randn(3, dtype=D), torch.randn(7, 3, dtype=D)
+    g = fd.grad(_loss)(p, h0, xs)
+    ref = torch.func.grad(_loss_loop)(p, h0, xs)
+    assert_close(g, ref, rtol=1e-6, atol=1e-6)
+    gx = fd.grad(_loss, argnums=2)(p, h0, xs)
+    assert_close(gx, torch.func.grad(_loss_loop, argnums=2)(p, h0, xs), rtol=1e-6, atol=1e-6)
+
+
+def test_fori_loop_under_vmap_and_grad():
+    def f(w, x):
+        return fd.fori_loop(0, 5, lambda i, c: torch.sin(c * w + i), x).sum()
+
+    def f_loop(w, x):
+        for i in range(5):
+            x = torch.sin(x * w + i)
+        return x.sum()
+
+    w, xb = torch.randn(3, dtype=D), torch.randn(4, 3, dtype=D)
+    out = fd.vmap(fd.grad(f), in_dims=(None, 0))(w, xb)
+    ref = torch.func.vmap(torch.func.grad(f_loop), in_dims=(None, 0))(w, xb)
+    assert_close(out, ref, rtol=1e-6, atol=1e-6)
+
+
+# ------------------------------------------------------------------------ errors
+def test_error_carry_dtype_changed_names_path():
+    init = fd.TensorDict({"h": torch.zeros(3), "n": torch.zeros(())})
+    with pytest.raises(
+        TypeError, match=r"changed the carry at carry\['h'\]: .*float32\[3\].*float64\[3\]"
+    ):
+        fd.scan(lambda c, x: (c.set("h", c["h"].double()), None), init, length=2)
+
+
+def test_error_carry_shape_and_structure_changed():
+    with pytest.raises(TypeError, match=r"carry\[1\].*float32\[2\].*float32\[1, 2\]"):
+        fd.scan(lambda c, x: ((c[0], c[1][None]), None), (torch.zeros(1), torch.zeros(2)), length=2)
+    init = fd.TensorDict({"h": torch.zeros(3)})
+    with pytest.raises(TypeError, match="changed the structure of the carry"):
+        fd.scan(lambda c, x: (c.set("extra", c["h"]), None), init, length=2)
+
+
+def test_error_xs_and_length():
+    with pytest.raises(ValueError, match="Pass length=n"):
+        fd.scan(lambda c, x: (c, None), torch.zeros(1))
+    with pytest.raises(ValueError, match=r"xs\['a'\] has 3 .* xs\['b'\] has 4"):
+        fd.scan(lambda c, x: (c, None), torch.zeros(1), {"a": torch.zeros(3), "b": torch.zeros(4)})
+    with pytest.raises(ValueError, match="length=2 but xs"):
+        fd.scan(lambda c, x: (c, None), torch.zeros(1), torch.zeros(3), length=2)
+    with pytest.raises(ValueError, match="length must be a Python int >= 1"):
+        fd.scan(lambda c, x: (c, None), torch.zeros(1), length=0)
+    with pytest.raises(ValueError, match=r"TensorDict at xs\['td'\] has batch size \[\]"):
+        fd.scan(
+            lambda c, x: (c, None), torch.zeros(1), {"td": fd.TensorDict({"a": torch.zeros(3)})}
+        )
+    with pytest.raises(TypeError, match=r"xs\[0\] is a 0-d tensor"):
+        fd.scan(lambda c, x: (c, None), torch.zeros(1), (torch.zeros(()),))
+
+
+def test_error_f_result_and_y_leaves():
+    with pytest.raises(TypeError, match=r"must return a pair \(carry, y\); it returned a Tensor"):
+        fd.scan(lambda c, x: c, torch.zeros(1), length=2)
+    with pytest.raises(TypeError, match=r"returned a int at y\['k'\]"):
+        fd.scan(lambda c, x: (c, {"k": 3}), torch.zeros(1), length=2)
+    with pytest.raises(TypeError, match="fori_loop: lower and upper must be Python ints"):
+        fd.fori_loop(0, torch.tensor(3), lambda i, c: c, torch.zeros(1))
+
+
+# ----------------------------------------------------------------------- compiled
+def _graph(jitted, *args) -> str:
+    return jitted.lower(*args).graph
+
+
+def test_jit_fx_one_scan_op_closures_lifted_and_equal_eager():
+    p, h0 = _params(), torch.randn(3, dtype=D)
+    j = fd.jit(_rollout, backend="fx")
+    for n in (16, 256):
+        xs = torch.randn(n, 3, dtype=D)
+        assert_close(j(p, h0, xs), _rollout_loop(p, h0, xs), rtol=1e-12, atol=1e-12)
+        g = _graph(j, p, h0, xs)
+        assert g.count("higher_order.scan") == 1
+        assert "tanh" not in g  # the step is in the op's subgraph, not unrolled
+
+
+def test_jit_fx_nested_scan_and_vmap():
+    p = _params()
+
+    def outer(p, h0, xss):  # a scan of scans, the inner one closing over params
+        def step(h, xs):
+            c, _ = _rollout(p, h, xs)
+            return c["h"], c["h"].sum()
+
+        return fd.scan(step, h0, xss)
+
+    h0, xss = torch.randn(3, dtype=D), torch.randn(4, 5, 3, dtype=D)
+    ref = outer(p, h0, xss)
+    assert_close(fd.jit(outer, backend="fx")(p, h0, xss), ref, rtol=1e-12, atol=1e-12)
+    hb, xb = torch.randn(2, 3, dtype=D), torch.randn(2, 4, 5, 3, dtype=D)
+    vm = fd.vmap(outer, in_dims=(None, 0, 0))
+    assert_close(fd.jit(vm, backend="fx")(p, hb, xb), vm(p, hb, xb), rtol=1e-12, atol=1e-12)
+
+
+def test_jit_fx_grad_unrolls_with_warning_and_equals_loop():
+    p, h0, xs = _params(), torch.randn(3, dtype=D), torch.randn(5, 3, dtype=D)
+    with pytest.warns(fd.LoopWarning, match="inside fd.grad"):
+        g = fd.jit(fd.grad(_loss), backend="fx")(p, h0, xs)
+    assert_close(g, torch.func.grad(_loss_loop)(p, h0, xs), rtol=1e-6, atol=1e-6)
+
+
+def test_jit_fx_grad_inside_step_keeps_one_op():
+    def train(w, xs):  # gradient steps inside the loop (the PPO epoch shape)
+        def step(w, x):
+            g = fd.grad(lambda w: ((x @ w) ** 2).sum())(w)
+            return w - 0.1 * g, None
+
+        return fd.scan(step, w, xs)[0]
+
+    w, xs = torch.randn(3, dtype=D), torch.randn(6, 3, dtype=D)
+    j = fd.jit(train, backend="fx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_close(j(w, xs), train(w, xs), rtol=1e-12, atol=1e-12)
+    assert _graph(j, w, xs).count("higher_order.scan") == 1
+
+
+def test_jit_fx_fori_loop_with_keys():
+    def draws(key):
+        def body(i, c):
+            k = fd.random.fold_in(c["key"], i)
+            return {"key": c["key"], "s": c["s"] + fd.random.normal(k, (2,), dtype=D)}
+
+        return fd.fori_loop(0, 8, body, {"key": key, "s": torch.zeros(2, dtype=D)})["s"]
+
+    key = fd.random.key(3)
+    j = fd.jit(draws, backend="fx")
+    assert_close(j(key), draws(key), rtol=0, atol=0)
+    assert _graph(j, key).count("higher_order.scan") == 1
+
+
+@pytest.mark.compile
+def test_jit_inductor_compiles_once_per_length_and_equals_eager():
+    p, h0 = _params(), torch.randn(3, dtype=D)
+    j = fd.jit(_rollout)
+    for n in (16, 256):
+        xs = torch.randn(n, 3, dtype=D)
+        with fd.testing.assert_max_compiles(1):
+            out = j(p, h0, xs)
+        assert_close(out, _rollout_loop(p, h0, xs), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.compile
+def test_torch_compile_one_graph_and_equal_eager():
+    p, h0 = _params(), torch.randn(3, dtype=D)
+    for n in (16, 256):
+        xs = torch.randn(n, 3, dtype=D)
+        torch._dynamo.reset()
+        cnt = torch._dynamo.testing.CompileCounter()
+        out = torch.compile(_rollout, backend=cnt, fullgraph=True)(p, h0, xs)
+        assert cnt.frame_count == 1
+        assert cnt.op_count < 40  # one scan op, not n unrolled steps
+        assert_close(out, _rollout_loop(p, h0, xs), rtol=1e-12, atol=1e-12)
+    vm = fd.vmap(_rollout, in_dims=(None, 0, 0))
+    hb, xb = torch.randn(2, 3, dtype=D), torch.randn(2, 8, 3, dtype=D)
+    out = torch.compile(vm, backend="aot_eager", fullgraph=True)(p, hb, xb)
+    assert_close(out, vm(p, hb, xb), rtol=1e-12, atol=1e-12)
+    g = torch.compile(fd.grad(_loss), backend="aot_eager", fullgraph=True)(p, h0, xs[:8])
+    assert_close(g, torch.func.grad(_loss_loop)(p, h0, xs[:8]), rtol=1e-6, atol=1e-6)
