@@ -238,26 +238,26 @@ def calls_per_call(fn) -> tuple[int, int]:
     return counts[0] - 1, counts[1] - 1  # without the profiler's own setprofile(None)
 
 
-def profile_block() -> list[list]:
-    """Where the microseconds of ``fd.jit(block)(params, td)`` go at batch 1."""
+def profile_block(batch: int = 1) -> list[list]:
+    """Where the microseconds of ``fd.jit(block)(params, td)`` go at ``batch``."""
     torch.manual_seed(0)
     ref = ResidualBlock()
-    x = torch.randn(1, 3)
+    x = torch.randn(batch, 3)
     flat = {k: v.detach() for k, v in ref.state_dict().items()}
     block, params = functd_block(ref)
     jblock = fd.jit(block)
-    td = fd.TensorDict({"x": x}, [1])
+    td = fd.TensorDict({"x": x}, [batch])
     jblock(params, td)
     jblock(params, td)  # the argument check is generated on a signature's second call
     entry, match, _ = jblock._fast
     ins = match((params, td), {})
     chand = torch.compile(pure_block)
     parts = {
-        "build the TensorDict": lambda: fd.TensorDict({"x": x}, [1]),
-        "argument check (generated)": lambda: match((params, fd.TensorDict({"x": x}, [1])), {}),
+        "build the TensorDict": lambda: fd.TensorDict({"x": x}, [batch]),
+        "argument check (generated)": lambda: match((params, fd.TensorDict({"x": x}, [batch])), {}),
         "compiled code (C++ wrapper)": lambda: entry.run(list(ins)),
         "compiled code + output TensorDict": lambda: entry.outputs(ins),
-        "whole fd.jit call": lambda: jblock(params, fd.TensorDict({"x": x}, [1])),
+        "whole fd.jit call": lambda: jblock(params, fd.TensorDict({"x": x}, [batch])),
         "hand-written F.* eager": lambda: pure_block(flat, x),
         "torch.compile(hand-written)": lambda: chand(flat, x),
     }
@@ -392,10 +392,12 @@ def main() -> None:
         targets.append(
             f"cold compile: fd.jit / torch.compile {j / c:.2f}x <= 1.5x: {_ok(j <= 1.5 * c)}"
         )
-    print(
-        "\nper-call profile, tutorial block batch 1 (µs; Python frames and C calls of one call):\n"
-    )
-    print(table(["part", "µs", "Python frames", "C calls"], profile_block()))
+    for batch in (1, 256):
+        print(
+            f"\nper-call profile, tutorial block batch {batch} (µs; Python frames and C calls "
+            "of one call):\n"
+        )
+        print(table(["part", "µs", "Python frames", "C calls"], profile_block(batch)))
     print("\ntargets:")
     for line in targets:
         print("  " + line)

@@ -32,7 +32,7 @@ import optree
 import torch
 from torch import Tensor
 
-from ._loops import LoopWarning, check_carry, y_leaves
+from ._loop_checks import LoopWarning, _split, check_carry, y_leaves
 
 __all__ = ["scan_compiled"]
 
@@ -74,7 +74,6 @@ def _body(f, init_leaves, init_spec, xs_spec, box: list | None):
         carry = optree.tree_unflatten(init_spec, list(leaves[:n_init]))
         x = None if xs_spec is None else optree.tree_unflatten(xs_spec, list(leaves[n_init:]))
         out = f(carry, x)
-        from ._loops import _split
 
         new, y = _split(out)
         c = check_carry(init_spec, init_leaves, new)
@@ -112,8 +111,6 @@ def _finish(out: list, init_spec, y_spec, n_init: int, reverse: bool):
 
 def _dynamo(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     from torch._higher_order_ops.scan import scan as hop_scan
-
-    from ._loops import _split
 
     # the first step, outside the op: y's structure and the carry check (dead code after)
     x0 = None
