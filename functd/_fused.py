@@ -163,7 +163,7 @@ def _lift(tensors: tuple[Tensor, ...]):
     levels = sorted({lv for _, dims, _ in unwrapped for lv in dims})
     out = []
     for t, dims, phys in unwrapped:
-        t = t.permute(*[dims[lv] for lv in levels if lv in dims], *phys)
+        t = t.permute([*[dims[lv] for lv in levels if lv in dims], *phys])  # a list: 0-d too
         for i, lv in enumerate(levels):
             if lv not in dims:
                 t = t.unsqueeze(i)

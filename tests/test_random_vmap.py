@@ -214,3 +214,16 @@ def test_vmapped_draws_match_jax_vmap(case):
 def test_vmap_vectors_metadata():
     assert VECTORS["threefry_partitionable"] is True
     assert {c["how"] for c in VECTORS["cases"]} == {"vmap", "nested", "in_axes1"}
+
+
+def test_fold_in_a_0d_index_with_a_key_taken_from_a_batched_split_equals_the_loop():
+    # a 0-d data tensor and a batched key: the kernel's lift permuted a 0-d tensor with
+    # no dims (TypeError) before
+    keys = fd.random.split(fd.random.key(0), 3)
+
+    def f(k):
+        k2 = fd.random.split(k).unbind(-2)[1]
+        return fd.random.fold_in(k2, torch.arange(4)[2])
+
+    got = fd.vmap(f)(keys)
+    assert torch.equal(got, torch.stack([f(k) for k in keys.unbind(0)]))
