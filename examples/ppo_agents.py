@@ -315,12 +315,14 @@ def _last10(buf, valid, returns, done):
     return new[:10], new_ok[:10] > 0
 
 
-def learn(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
-    """GAE, then ``epochs`` passes of shuffled minibatches -> (runner, metrics)."""
+def prepare(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
+    """What learning needs from a trajectory -> (runner, minibatches, metrics).
+
+    GAE, the shuffled minibatches of every epoch (``[epochs, minibatches, size]``: epoch
+    ``i`` shuffles with ``split(key, epochs)[i]``), the annealed lr, the episode statistics."""
     _, critic = networks(cfg.hidden)
-    params = runner["params"]
     obs = fd.TensorDict({"observation": runner["obs"]}, [cfg.num_envs])
-    last_value = critic(params["critic"], obs)["value"][..., 0]
+    last_value = critic(runner["params"]["critic"], obs)["value"][..., 0]
     adv, target = gae(traj, last_value, cfg.gamma, cfg.gae_lambda)
     batch = traj.set("advantage", adv).set("target", target).reshape(-1)
     opt_state = runner["opt_state"]
@@ -330,28 +332,34 @@ def learn(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
     key, k_epochs = fd.random.split(runner["key"]).unbind(-2)
     n = batch.batch_size[0]
 
-    def epoch(i, carry):
-        params, opt_state, _ = carry
-        perm = fd.random.permutation(fd.random.fold_in(k_epochs, i), n)
-        mbs = batch[perm].reshape(cfg.minibatches, n // cfg.minibatches)
-        step = functools.partial(minibatch_step, cfg=cfg)
-        (params, opt_state), losses = scan(step, (params, opt_state), mbs)
-        return params, opt_state, losses.mean()
+    def shuffle(carry, k):
+        return carry, fd.random.permutation(k, n)
 
-    init = (params, opt_state, torch.zeros((), dtype=cfg.dtype))
-    params, opt_state, value_loss = fori_loop(0, cfg.epochs, epoch, init)
+    _, perms = scan(shuffle, None, fd.random.split(k_epochs, cfg.epochs))
+    minibatches = batch[perms.reshape(-1)].reshape(cfg.epochs, cfg.minibatches, -1)
     last10, valid = _last10(
         runner["last10"], runner["last10_valid"], traj["finished_return"], traj["done"]
     )
-    done = traj["done"]
-    metrics = {
-        "return_sum": traj["finished_return"].sum(),
-        "episodes": done.sum(),
-        "value_loss": value_loss,
-    }
-    new = dict(runner, params=params, opt_state=opt_state, key=key, update=runner["update"] + 1)
+    metrics = {"return_sum": traj["finished_return"].sum(), "episodes": traj["done"].sum()}
+    new = dict(runner, opt_state=opt_state, key=key, update=runner["update"] + 1)
     new.update(last10=last10, last10_valid=valid)
-    return new, metrics
+    return new, minibatches, metrics
+
+
+def learn(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
+    """GAE, then ``epochs`` passes of shuffled minibatches -> (runner, metrics)."""
+    runner, minibatches, metrics = prepare(runner, traj, cfg)
+    step = functools.partial(minibatch_step, cfg=cfg)
+
+    def epoch(i, carry):
+        params, opt_state, _ = carry
+        (params, opt_state), losses = scan(step, (params, opt_state), minibatches[i])
+        return params, opt_state, losses.mean()
+
+    init = (runner["params"], runner["opt_state"], torch.zeros((), dtype=cfg.dtype))
+    params, opt_state, value_loss = fori_loop(0, cfg.epochs, epoch, init)
+    new = dict(runner, params=params, opt_state=opt_state)
+    return new, dict(metrics, value_loss=value_loss)
 
 
 def update(runner: dict[str, Any], cfg: Config):
@@ -410,23 +418,47 @@ def _jit_rollout(cfg: Config) -> Callable:
 
 def make_driver(cfg: Config, jit: bool = False) -> tuple[Callable, Callable]:
     """(init, update) over a batch of agents: ``fd.vmap`` of the pure pieces, or with
-    ``jit`` one compiled env step (called ``num_steps`` times) and one compiled ``learn``."""
+    ``jit`` three compiled pieces called from Python: the env step (``num_steps``
+    times), ``prepare`` (GAE and shuffles) and one minibatch step (``epochs *
+    minibatches`` times). See notes/ppo.md for why not the whole run."""
     init = fd.vmap(functools.partial(init_runner, cfg=cfg))
     if not jit:
         return init, fd.vmap(functools.partial(update, cfg=cfg))
     roll = _jit_rollout(cfg)
-    learn_all = fd.jit(fd.vmap(functools.partial(learn, cfg=cfg)))
+    prep = fd.jit(fd.vmap(functools.partial(prepare, cfg=cfg)))
+    mb_step = fd.jit(fd.vmap(functools.partial(minibatch_step, cfg=cfg)))
 
     def step(runner):
         runner, traj = roll(runner)
-        return learn_all(runner, traj)
+        runner, minibatches, metrics = prep(runner, traj)
+        carry = (runner["params"], runner["opt_state"])
+        for e in range(cfg.epochs):
+            losses = []
+            for m in range(cfg.minibatches):
+                carry, loss = mb_step(carry, minibatches[:, e, m])
+                losses.append(loss)
+        params, opt_state = carry
+        value_loss = torch.stack(losses, -1).mean(-1)
+        return dict(runner, params=params, opt_state=opt_state), dict(
+            metrics, value_loss=value_loss
+        )
 
     return init, step
 
 
-def run(cfg: Config, agents: int, seed: int, lrs: torch.Tensor, jit: bool, progress: bool):
-    """Train ``agents`` agents -> (runner, per-update metrics [agents, updates], timings)."""
-    init, step = make_driver(cfg, jit)
+def run(
+    cfg: Config,
+    agents: int,
+    seed: int,
+    lrs: torch.Tensor,
+    jit: bool,
+    progress: bool,
+    driver: tuple[Callable, Callable] | None = None,
+):
+    """Train ``agents`` agents -> (runner, per-update metrics [agents, updates], compile
+    or warm-up seconds, train seconds). ``driver``: a ``make_driver`` result to reuse
+    (its compiled code serves other agent counts)."""
+    init, step = driver or make_driver(cfg, jit)
     runner = init(agent_keys(seed, agents), lrs)
     t0 = time.perf_counter()
     step(runner)  # warm-up: compiles under --jit; the run below starts from the same runner
