@@ -63,9 +63,10 @@ def main() -> None:
     print(f"baseline: {base_train:.2f} s, {base_rate:,.0f} env steps/s", flush=True)
     modes = ["eager", "jit"] if args.mode == "both" else [args.mode]
     for mode in modes:
+        driver = P.make_driver(cfg, jit=mode == "jit")  # compiled code reused across counts
         for n in counts:
             lrs = torch.full((n,), cfg.lr)
-            _, _, warm, train_s = P.run(cfg, n, 0, lrs, jit=mode == "jit", progress=False)
+            _, _, warm, train_s = P.run(cfg, n, 0, lrs, mode == "jit", False, driver)
             rate = n * steps / train_s
             label = "functd, fd.vmap" + (" + fd.jit" if mode == "jit" else " (eager)")
             rows.append([label, n, train_s, warm, rate, rate / base_rate])
