@@ -44,7 +44,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--agents", default="1,16,64,256", help="comma-separated agent counts")
     p.add_argument("--steps", type=int, default=16_384, help="env steps per agent")
-    p.add_argument("--mode", choices=["eager", "jit", "both"], default="jit")
+    p.add_argument("--mode", choices=["eager", "jit", "both"], default="eager")
     p.add_argument("--quick", action="store_true", help="1,4 agents x 2048 steps")
     args = p.parse_args()
     if args.quick:
