@@ -26,6 +26,7 @@ demo: $(STAMP)
 	QUICK=1 $(BIN)/python examples/train_ensemble.py
 	QUICK=1 $(BIN)/python examples/train_policy.py
 	QUICK=1 $(BIN)/python examples/finetune_hf.py
+	$(BIN)/python examples/ppo_agents.py --quick --agents 2 --seed 0 --no-progress
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -1,0 +1,79 @@
+"""PPO agents in one program against the usual PyTorch PPO agent (issue 24's table).
+
+In one run: the single-agent PyTorch baseline (``benchmarks/ppo_baseline.py``: nn.Module,
+torch.optim, Python loop), then functd's ``examples/ppo_agents.py`` at each agent count
+(``fd.vmap`` over agents; eager, and with ``--jit`` the fd.jit-compiled pieces), all with
+PureJaxRL's CartPole hyperparameters and ``--steps`` env steps per agent. Train time is the
+wall time after the warm-up/compile (a first update, timed apart). Prints the table: train
+time, compile (or warm-up) time, aggregate env steps/s, and the ratio of that throughput
+to the baseline's.
+
+Run: ``python benchmarks/ppo_agents.py [--agents 1,16,64,256] [--steps 16384] [--mode
+eager|jit|both] [--quick]``. Threads: BENCH_THREADS (1 by default; see
+benchmarks/_common.py). No JAX column: jax is not a dependency here (the issue's JAX
+figures are anchors measured elsewhere, quoted in notes/ppo.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import pathlib
+import sys
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import ppo_baseline
+from _common import THREADS, machine, table
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _example():
+    name = "ppo_agents_example"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / "ppo_agents.py")
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--agents", default="1,16,64,256", help="comma-separated agent counts")
+    p.add_argument("--steps", type=int, default=16_384, help="env steps per agent")
+    p.add_argument("--mode", choices=["eager", "jit", "both"], default="eager")
+    p.add_argument("--quick", action="store_true", help="1,4 agents x 2048 steps")
+    args = p.parse_args()
+    if args.quick:
+        args.agents, args.steps = "1,4", 2048
+    counts = [int(a) for a in args.agents.split(",")]
+    torch.set_num_threads(THREADS)
+    P = _example()
+    cfg = P.Config(steps=args.steps)
+    steps = cfg.num_updates * cfg.num_envs * cfg.num_steps
+    print(f"# PPO on CartPole-v1, {steps} env steps per agent ({machine()})")
+
+    base = ppo_baseline.train(steps, seed=0)
+    base_rate = base["timed_updates"] * cfg.num_envs * cfg.num_steps / base["train_s"]
+    base_train = steps / base_rate  # the whole run at the timed updates' rate
+    rows = [["PyTorch, nn.Module + torch.optim", 1, base_train, base["warmup_s"], base_rate, 1.0]]
+    print(f"baseline: {base_train:.2f} s, {base_rate:,.0f} env steps/s", flush=True)
+    modes = ["eager", "jit"] if args.mode == "both" else [args.mode]
+    for mode in modes:
+        driver = P.make_driver(cfg, jit=mode == "jit")  # compiled code reused across counts
+        for n in counts:
+            lrs = torch.full((n,), cfg.lr)
+            _, _, warm, train_s = P.run(cfg, n, 0, lrs, mode == "jit", False, driver)
+            rate = n * steps / train_s
+            label = "functd, fd.vmap" + (" + fd.jit" if mode == "jit" else " (eager)")
+            rows.append([label, n, train_s, warm, rate, rate / base_rate])
+            print(f"{label}, {n} agents: {train_s:.2f} s (+{warm:.2f} s)", flush=True)
+    header = ["implementation", "agents", "train s", "compile/warm-up s", "env steps/s", "x base"]
+    print(table(header, [[*r[:4], f"{r[4]:,.0f}", f"{r[5]:.1f}"] for r in rows]))
+
+
+if __name__ == "__main__":
+    main()
