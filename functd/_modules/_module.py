@@ -389,7 +389,7 @@ class Module(ModuleKind):
             if self._has_params:
                 if type(params) is not TensorDict:
                     bad_params(self, params)
-                if params._checked is not fn:  # type: ignore[union-attr]  # DTensor params: plain inputs replicated
+                if params._check_cache is not fn:  # type: ignore[union-attr]  # DTensor params: plain inputs replicated
                     args = _placed_inputs(self, params, args)  # type: ignore[arg-type]
                 if self._held:
                     raise_held(self, params)
@@ -467,7 +467,7 @@ def _make_run(m: Module):
                 missing_input(m, k0, data)
             if type(params) is not TensorDict:
                 bad_params(m, params)
-            if params._checked is not fn:  # DTensor params: plain inputs replicated
+            if params._check_cache is not fn:  # DTensor params: plain inputs replicated
                 (x,) = _placed_inputs(m, params, (x,))
             out = fn(params, x, key=None if opts is None else opts.key) if rnd else fn(params, x)
             if type(out) is not _Tensor or out.shape[: len(bs)] != bs:

@@ -46,7 +46,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec, plain_str
+from .._td import TensorDict, _alloc, _set_bs, _set_data, _set_spec, plain_str
+from .._td._marks import mark
 from ..nn._linear import Linear
 from ..random import fold_in
 from ._call import _empty_params, bad_params, call_td
@@ -128,7 +129,7 @@ def _check_child(m: Any, p: Any) -> bool:
     if type(p) is not TensorDict:
         bad_params(m, p)
     _check_params(m, p)
-    return p._checked is not m._fn
+    return p._check_cache is not m._fn
 
 
 def _write1(m: Any, bs: torch.Size, out: Any, key: str) -> Any:
@@ -205,7 +206,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
         "_set_data": _set_data,
         "_set_bs": _set_bs,
         "_set_spec": _set_spec,
-        "_set_checked": _set_checked,
+        "_mark": mark,
         "_check_child": _check_child,
         "_write1": _write1,
         "_write_n": _write_n,
@@ -298,7 +299,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
                 call = f"F{i}({', '.join(args)})"
             elif kind == 0:
                 ns[f"F{i}"] = m._fn
-                emit(f"    if type({p}) is not TD or {p}._checked is not F{i}:")
+                emit(f"    if type({p}) is not TD or {p}._check_cache is not F{i}:")
                 emit(f"        if _check_child(M{i}, {p}):")
                 emit("            return None")
                 call = f"F{i}({', '.join([p, *args])}{kw})"
@@ -389,7 +390,7 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     emit("    _set_data(td, out)")
     emit("    _set_bs(td, bs)")
     emit("    _set_spec(td, None)")
-    emit("    _set_checked(td, None)")
+    emit("    _mark(td, None)")
     emit("    return td")
     # the user's strings reach the body as keyword-only defaults: fast locals, bound from ns
     bound = "".join(f", {n}={n}" for n in consts.values())
