@@ -334,15 +334,7 @@ class SequenceKind(ModuleKind):
             return positional_call(self, params, (td, *args), key, tensors)
         opts = None if key is None else Options(key)
         if type(td) is TensorDict and not tensors and not _is_dynamo():
-            data, bs = td._data, td._batch_size  # the plan of td's layout (_plan.run, inlined)
-            plan = self._plans.get(
-                (tuple(data), len(bs), key is None and type(params) is TensorDict)
-            )
-            out = (  # the last call's layout again: no LRU bookkeeping to do
-                plan(params, data, bs, opts)
-                if plan is self._plan_mru
-                else _plan.run(self, params, td, opts)
-            )
+            out = _plan.run(self, params, td, opts)  # the plan of td's layout
             if out is not None:
                 return out
         return call_td(self, params, td, key, tensors, self._run, opts)
