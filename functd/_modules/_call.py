@@ -175,6 +175,10 @@ class ModuleKind(Frozen):
         return None
 
     # ------------------------------------------------------------ traits
+    #: True for a kind that draws from a distribution (``fd.Probabilistic``,
+    #: ``fd.ProbabilisticSequential``): a sub-sequence ending in one stays probabilistic.
+    probabilistic: bool = False
+
     @property
     def has_params(self) -> bool:
         return any(c.has_params for _, c in self.children())
