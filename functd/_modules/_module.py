@@ -28,7 +28,7 @@ from .._td import Key, TensorDict, _new, plain_str
 from ..nn._base import Layer
 from ..nn._lower import FunctionalCall, lower
 from ._binding import Bound, held_paths
-from ._call import ModuleKind, Options, positional_call
+from ._call import ModuleKind, Options, _empty_params, positional_call
 from ._keys import as_keys
 from ._sequential import Sequential
 from ._state import layer_with_training
@@ -375,6 +375,7 @@ def _describe(m: Module, fn: Any, source: Any, kwargs: tuple | None) -> Step:
         token = m._fn
     elif form is Form.LAYER:
         form = Form.EMPTY
+        _empty_params()  # made now: a lazy global first made under dynamo is a guard
     same = form is Form.PLAIN and len(m.in_keys) == 1 and _keeps_shape(fn)
     outs = m._out_all
     return Step(m.in_keys, fn, form, key, names, token, m._held, outs, outs, m._stateful, same)
