@@ -344,3 +344,21 @@ def test_a_traceback_through_a_plan_shows_the_plans_line():
     del seq, info, frames
     gc.collect()
     assert name not in linecache.cache  # the source goes with the plan
+
+
+def test_a_layer_writes_out_its_own_call_and_an_overriding_subclass_is_called():
+    class Doubled(fd.nn.Linear):
+        def __call__(self, params, x, *, key=None):
+            return 2 * super().__call__(params, x)
+
+    for layer, inlined in ((fd.nn.Linear(3, 2), True), (Doubled(3, 2), False)):
+        seq = fd.Sequential(fd.Module(layer, ["x"], ["y"]), fd.Module(torch.tanh, ["y"], ["z"]))
+        params = seq.init(fd.random.key(0))
+        td = fd.TensorDict({"x": torch.randn(4, 3)}, [4])
+        assert ("F_linear(" in plan_source(seq, td)) is inlined
+        # the plan and the reference loop agree, and with torch's own Linear
+        ref = reference(seq, params, td)
+        out = seq(params, td)
+        torch.testing.assert_close(out["z"], ref["z"])
+        want = torch.nn.functional.linear(td["x"], params["0", "weight"], params["0", "bias"])
+        torch.testing.assert_close(out["y"], want if inlined else 2 * want)

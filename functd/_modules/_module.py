@@ -377,5 +377,10 @@ def _describe(m: Module, fn: Any, source: Any, kwargs: tuple | None) -> Step:
         form = Form.EMPTY
         _empty_params()  # made now: a lazy global first made under dynamo is a guard
     same = form is Form.PLAIN and len(m.in_keys) == 1 and _keeps_shape(fn)
+    inline = getattr(fn, "plan_inline", None) if form is Form.LAYER and not key else None
+    if inline is not None and (len(m.in_keys) != 1 or type(fn).__call__ is not inline.call):
+        inline = None
     outs = m._out_all
-    return Step(m.in_keys, fn, form, key, names, token, m._held, outs, outs, m._stateful, same)
+    return Step(
+        m.in_keys, fn, form, key, names, token, m._held, outs, outs, m._stateful, same, inline
+    )

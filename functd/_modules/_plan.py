@@ -285,7 +285,7 @@ class _Writer:
         vs = [self.fresh() for _ in outs]
         if len(outs) == 1:
             self.emit(f"{vs[0]} = {call}")
-            self.emit(f"if {self.bad_output(vs[0], s.same_shape)}:")
+            self.emit(f"if {self.bad_output(vs[0], s, args)}:")
             self.emit(f"    {vs[0]} = _write1(M{i}, bs, {vs[0]}, {self.c(outs[0])})")
         else:
             self.ns["_write_n"] = _write_n
@@ -309,6 +309,9 @@ class _Writer:
         if s.form is Form.EMPTY:
             self.ns["_empty"] = _empty_params()
             p = "_empty"
+        if s.inline is not None:  # the layer's call written out (nn._base.Inline)
+            self.ns.update(s.inline.names)
+            return s.inline.expr.format(p=p, x=args[0])
         kw = ""
         if s.key:
             k = "key"
@@ -318,11 +321,14 @@ class _Writer:
             kw = f", key={k}"
         return f"{f}({', '.join([p, *args])}{kw})"
 
-    def bad_output(self, v: str, same_shape: bool) -> str:
+    def bad_output(self, v: str, s: Step, args: list[str]) -> str:
         """The test that sends output ``v`` to ``_write_outputs`` (its checks, its error)."""
         n = self.n
-        if same_shape or n == 0:  # same shape as its checked input / no batch dims
+        if s.same_shape or n == 0:  # same shape as its checked input / no batch dims
             return f"type({v}) is not T"
+        if s.inline is not None and s.inline.keeps_lead:
+            # (..., in) -> (..., out): the batch dims stay when the input has a dim beyond them
+            return f"type({v}) is not T or {args[0]}.ndim == {n}"
         if n == 1:  # one dim compared: cheaper than slicing the shape
             return f"type({v}) is not T or not {v}.ndim or {v}.shape[0] != bs[0]"
         return f"type({v}) is not T or {v}.shape[:{n}] != bs"

@@ -48,7 +48,9 @@ class Step(NamedTuple):
     """What one Module does. ``fn`` is called in ``form``; ``token`` is the layer its
     params are checked against (None: no params); ``held``: params paths that must not
     require grad; ``writes``: every output ``fn`` returns, ``keep`` the ones written;
-    ``same_shape``: the one output has its one input's shape (elementwise)."""
+    ``same_shape``: the one output has its one input's shape (elementwise); ``inline``:
+    the layer's own ``plan_inline`` (``nn._base.Inline``) when the plan may write its
+    call out, else None."""
 
     reads: tuple[Key, ...]
     fn: Any
@@ -61,6 +63,7 @@ class Step(NamedTuple):
     keep: tuple[Key, ...]
     stateful: bool
     same_shape: bool
+    inline: Any = None
 
 
 def inlinable(s: Step) -> bool:
