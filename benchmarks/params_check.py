@@ -1,4 +1,4 @@
-"""What the params check's ``_checked`` mark saves: module calls with the mark, and
+"""What the params check's params-check cache (``_td/_marks.py``) saves: module calls with the mark, and
 the same calls with the check forced (the marks of the params' sub-TensorDicts
 cleared before each call), measured in turn in one process.
 
@@ -6,7 +6,7 @@ Rows: the tutorial block (two Linear) and the GRU policy (one GRUCell), batch 1
 and 256, TensorDict built in each call, grad mode on. Times: the median of
 BENCH_ROUNDS interleaved rounds of this process's CPU time, one thread; the
 ratios are the medians of the rounds' paired ratios. See
-notes/performance.md ("The `_checked` slot stays").
+notes/performance.md ("The params-check cache stays").
 
 A second table times ``fd.train_step`` (Adam, the two models of
 benchmarks/train_step.py), and a hand-written ``fd.grad`` loop, as they are, where the eager gradient keeps the marks the
@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from _common import machine, table
 
 import functd as fd
-from functd._td import _set_checked
+from functd._td._marks import mark
 
 ROUNDS = int(os.environ.get("BENCH_ROUNDS", "15"))
 CALLS = 200
@@ -150,7 +150,7 @@ def forced(call, params):
 
     def f():
         for s in subs:
-            _set_checked(s, None)
+            mark(s, None)
         return call()
 
     return f
@@ -196,7 +196,7 @@ def main() -> None:
                 call()
             t_mark, t_forced = interleaved(call, forced(call, p))
             rows.append([name, batch, med(t_mark), med(t_forced), paired(t_forced, t_mark)])
-    print(f"# params check each call vs the _checked mark ({machine()})")
+    print(f"# params check each call vs the params-check cache ({machine()})")
     print(table(["call", "batch", "with mark µs", "check forced µs", "forced / mark"], rows))
     print(f"# training steps (Adam, batch 64): marks kept vs dropped ({machine()})")
     cols = ["model", "kept µs", "dropped µs", "torch µs", "kept / torch", "dropped / torch"]

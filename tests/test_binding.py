@@ -72,7 +72,7 @@ def test_lowered_multihead_attention_binds_torch_names_including_key():
     m2 = fd.Module(
         mha, {"q": "query", "k": "key", "v": "value", "nw": "average_attn_weights"}, ["o", "w"]
     )
-    assert m2._defaults[4] is True  # need_weights: torch's default
+    assert m2._desc.fn.defaults[4] is True  # need_weights: torch's default
 
 
 def test_lowered_linear_binds_torchs_input_name():

@@ -117,7 +117,7 @@ def test_compile_does_not_touch_its_inputs():
     params, td = params_for(m), e.example()
     before = [v.clone() for v in fd.tree.leaves((params, td))]
     torch.compile(_caller(m), backend="eager", fullgraph=True)(params, td)
-    assert params._checked is None  # no side effect replayed on the input object
+    assert params._check_cache is None  # no side effect replayed on the input object
     for v, w in zip(before, fd.tree.leaves((params, td))):
         assert torch.equal(v, w)
 

@@ -7,7 +7,9 @@ torch.compile. The plan cache is bounded and lives on the module.
 """
 
 import gc
+import linecache
 import re
+import traceback
 import weakref
 
 import pytest
@@ -321,3 +323,42 @@ def test_plan_cache_evicts_the_least_recently_used_layout():
     assert cached(hot) is not None  # used all along: never evicted
     assert all(cached(layout(i)) is None for i in range(1, 2 * _plan.MAX_PLANS))  # evicted
     assert list(seq._plans)[-1] == (tuple(hot._data), 1, False)  # the most recent is last
+
+
+# ---------------------------------------------------------------- tracebacks
+def test_a_traceback_through_a_plan_shows_the_plans_line():
+    def boom(x):
+        raise ArithmeticError("boom")
+
+    seq = fd.Sequential(fd.Module(torch.neg, ["x"], ["a"]), fd.Module(boom, ["a"], ["b"]))
+    td = fd.TensorDict({"x": torch.zeros(2)}, [2])
+    with pytest.raises(ArithmeticError) as info:
+        seq(None, td)
+    frames = [f for f in traceback.extract_tb(info.tb) if f.filename.startswith("<functd plan")]
+    assert len(frames) == 1 and frames[0].name == "plan"
+    assert re.fullmatch(r"v\d+ = F1\(v\d+\)", frames[0].line)  # the call of the second step
+    assert frames[0].line in plan_source(seq, td)
+    text = "".join(traceback.format_exception(info.value))
+    assert frames[0].line in text  # printed in the traceback itself
+    name = frames[0].filename
+    del seq, info, frames
+    gc.collect()
+    assert name not in linecache.cache  # the source goes with the plan
+
+
+def test_a_layer_writes_out_its_own_call_and_an_overriding_subclass_is_called():
+    class Doubled(fd.nn.Linear):
+        def __call__(self, params, x, *, key=None):
+            return 2 * super().__call__(params, x)
+
+    for layer, inlined in ((fd.nn.Linear(3, 2), True), (Doubled(3, 2), False)):
+        seq = fd.Sequential(fd.Module(layer, ["x"], ["y"]), fd.Module(torch.tanh, ["y"], ["z"]))
+        params = seq.init(fd.random.key(0))
+        td = fd.TensorDict({"x": torch.randn(4, 3)}, [4])
+        assert ("F_linear(" in plan_source(seq, td)) is inlined
+        # the plan and the reference loop agree, and with torch's own Linear
+        ref = reference(seq, params, td)
+        out = seq(params, td)
+        torch.testing.assert_close(out["z"], ref["z"])
+        want = torch.nn.functional.linear(td["x"], params["0", "weight"], params["0", "bias"])
+        torch.testing.assert_close(out["y"], want if inlined else 2 * want)

@@ -228,3 +228,56 @@ def test_two_heads_composite_matches_tensordict():
     assert set(lp.keys()) == set(ref_lp.keys()) == {"a_log_prob", "b_log_prob"}
     for k in ("a_log_prob", "b_log_prob"):
         assert torch.equal(lp[k], ref_lp[k])
+
+
+def _kinds_of_slices(make_theirs, make_ours, rc):
+    """The kind each slice of a (head, plain, head) sequence gets, in tensordict and here."""
+    theirs, ours = make_theirs(rc), make_ours(rc)
+    names = {
+        tdnn.ProbabilisticTensorDictSequential: "probabilistic",
+        tdnn.TensorDictSequential: "plain",
+        fd.ProbabilisticSequential: "probabilistic",
+        fd.Sequential: "plain",
+    }
+    out = []
+    for s in (slice(0, 2), slice(1, 3), slice(0, 1), slice(1, 2), slice(0, 3)):
+        a, b = theirs[s], ours[s]
+        out.append((s, names[type(a)], names[type(b)]))
+        if names[type(b)] == "probabilistic":
+            assert b.return_composite == a.return_composite, s
+    return out
+
+
+@pytest.mark.parametrize("rc", [None, False, True])
+def test_slices_of_a_probabilistic_sequential_follow_tensordicts_rule(rc):
+    """tensordict's test_index_prob_seq: ``seq[:2]`` of (head, plain, head) with
+    return_composite=False is a plain TensorDictSequential (a slice ending in a plain
+    module); with return_composite (two heads: the default) it stays probabilistic."""
+
+    def head(o):
+        return dict(in_keys=["loc", "scale"], out_keys=[o], distribution_class=D.Normal)
+
+    def theirs(rc):
+        return tdnn.ProbabilisticTensorDictSequential(
+            tdnn.ProbabilisticTensorDictModule(**head("a")),
+            tdnn.TensorDictModule(lambda a: (a, a.exp()), ["a"], ["loc", "scale"]),
+            tdnn.ProbabilisticTensorDictModule(**head("b")),
+            return_composite=rc,
+        )
+
+    def ours(rc):
+        return fd.ProbabilisticSequential(
+            fd.Probabilistic(**head("a")),
+            fd.Module(lambda a: (a, a.exp()), ["a"], ["loc", "scale"]),
+            fd.Probabilistic(**head("b")),
+            return_composite=rc,
+        )
+
+    rows = _kinds_of_slices(theirs, ours, rc)
+    assert all(a == b for _, a, b in rows), rows
+    if rc is False:
+        assert type(ours(rc)[:2]) is fd.Sequential  # the regression of issue 26, item 9
+    seq = ours(rc)
+    sub = seq.select_subsequence(out_keys=["loc"])  # the same rule: (head, plain)
+    assert len(sub) == 2
+    assert type(sub) is type(seq[:2])

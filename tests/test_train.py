@@ -122,7 +122,7 @@ def test_train_step_keeps_the_params_check_mark_so_later_steps_skip_the_check(mo
     params = fd.from_module(net)
     batch = fd.TensorDict({"x": torch.randn(5, 3), "y": torch.randn(5, 1)}, [5])
     p1, s1, _ = step(params, opt.init(params), batch, None)
-    assert params._checked is not None  # the cache slot, as after model(params, ...)
+    assert params._check_cache is not None  # the cache slot, as after model(params, ...)
     calls = []
     real = _params_check._check_params
 
@@ -158,9 +158,9 @@ def test_fd_grad_keeps_the_params_check_mark_on_the_params_it_is_given():
         return model(p, x=x).pow(2).mean()
 
     params = fd.from_module(net)
-    assert params._checked is None
+    assert params._check_cache is None
     grads = fd.grad(loss)(params, x)
-    assert params._checked is not None and grads.keys() == params.keys()
+    assert params._check_cache is not None and grads.keys() == params.keys()
     net(x).pow(2).mean().backward()
     for name, w in net.named_parameters():
         torch.testing.assert_close(grads[tuple(name.split("."))], w.grad)

@@ -14,7 +14,7 @@ their leaves then require grad), which would let an optimizer change them.
 
 Example:
     >>> m = fd.Module(nn.MultiheadAttention(8, 2), {"q": "query", "k": "key", "v": "value"}, ["o", "w"])
-    >>> m._slots, m._defaults[3:5]        # positions 0, 1, 2; torch's defaults after
+    >>> m._desc.fn.slots, m._desc.fn.defaults[3:5]  # positions 0, 1, 2; torch's defaults after
     ((0, 1, 2), (None, True))
 """
 
@@ -28,7 +28,7 @@ import torch
 from .. import _errors as E
 from ..nn._functional_call import FunctionalCall
 
-__all__ = ["bind_layer", "held_paths", "raise_held"]
+__all__ = ["Bound", "bind_layer", "held_paths", "raise_held"]
 
 Path = tuple[str, ...]
 _POSITIONAL = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -65,6 +65,29 @@ def bind_layer(
             )
         defaults.append(None if p.name in names else p.default)
     return slots, tuple(defaults)
+
+
+class Bound:
+    """A layer called with inputs bound by name: ``bound(params, *args, key=None)``
+    calls the layer with each arg at its position (``slots``) and ``defaults`` in the
+    gaps, or (``slots`` None: a ``FunctionalCall``) its ``forward`` by name."""
+
+    __slots__ = ("defaults", "fn", "names", "slots")
+
+    def __init__(self, fn: Any, source: Any, names: tuple[str, ...], label: str) -> None:
+        bound = bind_layer(fn, source, names, label)
+        self.fn, self.names = fn, names
+        self.slots: tuple[int, ...] | None = None if bound is None else bound[0]
+        self.defaults: tuple | None = None if bound is None else bound[1]
+
+    def __call__(self, params: Any, *args: Any, key: Any = None) -> Any:
+        fn = self.fn
+        if self.slots is None:  # a torch module's forward, by name
+            return fn.call_with(params, (), dict(zip(self.names, args)), key)
+        pos = list(self.defaults)  # type: ignore[arg-type]
+        for i, v in zip(self.slots, args):
+            pos[i] = v
+        return fn(params, *pos, key=key) if fn.random else fn(params, *pos)
 
 
 def _unknown(label: str, owner: str, names: tuple[str, ...], known: list[str]) -> None:

@@ -164,9 +164,10 @@ class ModuleKind(Frozen):
         """The torch module whose weights this kind holds itself, if any."""
         return None
 
-    def _inline(self) -> bool:
-        """Whether a Sequential's plan may write this step out (only a plain Module)."""
-        return False
+    def describe(self) -> Any:
+        """The description of this kind's step (``_step.Step``) that a Sequential's plan
+        may write out, or None: the plan runs the kind's own step (``_run``) whole."""
+        return None
 
     def _splice(self) -> tuple[tuple[str, ModuleKind], ...] | None:
         """The children a Sequential splices in place of this module (a Sequential
@@ -174,6 +175,10 @@ class ModuleKind(Frozen):
         return None
 
     # ------------------------------------------------------------ traits
+    #: True for a kind that draws from a distribution (``fd.Probabilistic``,
+    #: ``fd.ProbabilisticSequential``): a sub-sequence ending in one stays probabilistic.
+    probabilistic: bool = False
+
     @property
     def has_params(self) -> bool:
         return any(c.has_params for _, c in self.children())

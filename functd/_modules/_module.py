@@ -21,27 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from .. import _errors as E
 from .._td import Key, TensorDict, _new, plain_str
 from ..nn._base import Layer
 from ..nn._lower import FunctionalCall, lower
-from ._binding import bind_layer, held_paths, raise_held
-from ._call import (
-    _NOPE,
-    ModuleKind,
-    Options,
-    _empty_params,
-    bad_params,
-    get_path,
-    missing_input,
-    positional_call,
-)
+from ._binding import Bound, held_paths
+from ._call import ModuleKind, Options, _empty_params, positional_call
 from ._keys import as_keys
-from ._outputs import _write_outputs
-from ._params_check import placed_inputs as _placed_inputs
 from ._sequential import Sequential
 from ._state import layer_with_training
+from ._step import Form, Step, run_step
 
 __all__ = ["Module", "as_keys", "positional_call"]
 
@@ -113,33 +104,25 @@ class Module(ModuleKind):
     """
 
     __slots__ = (
-        "_defaults",
+        "_desc",
         "_fn",
         "_has_params",
         "_held",
-        "_kind",
         "_kwargs",
         "_out_all",
-        "_plain",
         "_random",
-        "_run",
-        "_slots",
         "_source",
         "_stateful",
         "in_keys",
         "out_keys",
     )
-    _defaults: Any
+    _desc: Any
     _fn: Any
     _has_params: Any
     _held: Any
-    _kind: Any
     _kwargs: Any
     _out_all: Any
-    _plain: Any
     _random: Any
-    _run: Any
-    _slots: Any
     _source: Any
     _stateful: Any
     _FROZEN_HINT = "build a new Module instead."
@@ -200,9 +183,6 @@ class Module(ModuleKind):
         """Fill the slots from the (lowered) function, the torch module it came from and
         the normalised keys; ``with_training`` rebuilds through it too."""
         layer = _is_layer(fn)
-        plain = None  # a param-free layer's plain function, called directly on the hot path
-        if layer and not fn.has_params and not fn.random and hasattr(fn, "function") and not kwargs:
-            plain = fn.function()
         set_ = object.__setattr__
         set_(self, "_fn", fn)
         set_(self, "_source", source)
@@ -215,25 +195,9 @@ class Module(ModuleKind):
         set_(self, "_stateful", layer and fn.stateful)
         # paths of params that torch would not train (buffers, requires_grad=False)
         set_(self, "_held", held_paths(fn, source) if layer else ())
-        set_(self, "_slots", None)
-        set_(self, "_defaults", None)
-        # how _step calls fn: 0 layer with params, 1 layer without, 2 callable, 3 callable
-        # with keywords, 4 layer with keywords (bound to positions, or by name for a
-        # FunctionalCall)
-        set_(self, "_kind", (0 if fn.has_params else 1) if layer else (3 if kwargs else 2))
-        set_(self, "_plain", fn)
-        if layer and kwargs:
-            set_(self, "_kind", 4)
-            bound = bind_layer(fn, source, kwargs, self._label())
-            if bound is not None:
-                set_(self, "_slots", bound[0])
-                set_(self, "_defaults", bound[1])
-        if plain is not None:
-            set_(self, "_kind", 2)
-            set_(self, "_plain", plain)
         if not layer:
             _check_arity(fn, len(ins), kwargs, self._label())
-        set_(self, "_run", _make_run(self))
+        set_(self, "_desc", _describe(self, fn, source, kwargs))
 
     # ---------------------------------------------------------------- value
     @property
@@ -292,11 +256,9 @@ class Module(ModuleKind):
         new = object.__new__(Module)
         for name in Module.__slots__:
             object.__setattr__(new, name, getattr(self, name))
-        object.__setattr__(new, "out_keys", tuple(k for k in self._out_all if k in sel))
-        # a selection always takes the general path: _step writes through _write_outputs
-        object.__setattr__(
-            new, "_run", new._step if new.out_keys != new._out_all else _make_run(new)
-        )
+        keep = tuple(k for k in self._out_all if k in sel)
+        object.__setattr__(new, "out_keys", keep)
+        object.__setattr__(new, "_desc", self._desc._replace(keep=keep))
         return new
 
     def _identity(self) -> tuple:
@@ -324,17 +286,10 @@ class Module(ModuleKind):
     def torch_source(self) -> torch.nn.Module | None:
         return self._source
 
-    def _inline(self) -> bool:
-        """Whether a Sequential's plan may write this step out (``_plan.py``): a plain
-        Module with str keys and no state."""
-        return (
-            type(self) is Module
-            and not self._stateful
-            and not self._held
-            and self._kind != 4
-            and all(type(k) is str for k in self.in_keys)
-            and all(type(k) is str for k in self.out_keys)
-        )
+    def describe(self) -> Step:
+        """The description of this Module's step (``_step.py``): what the reference loop
+        runs and the plan writes out."""
+        return self._desc
 
     def _label(self) -> str:
         src = self._source
@@ -371,121 +326,61 @@ class Module(ModuleKind):
     def _step(
         self, params: TensorDict | None, data: dict, bs: torch.Size, opts: Options | None
     ) -> TensorDict | None:
-        """Read from the working dict ``data``, compute, write into it; return the new
-        running statistics of a stateful layer (``opts.collect``) (internal)."""
-        if self._stateful and (opts is None or not opts.collect):
-            raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what="it"))
-        key = None if opts is None else opts.key
-        args = []
-        for k in self.in_keys:
-            v = data.get(k, _NOPE) if type(k) is str else get_path(data, k)  # type: ignore[arg-type]
-            if v is _NOPE:
-                missing_input(self, k, data)
-            args.append(v)
-        fn, kind = self._fn, self._kind
-        if kind == 2:
-            out = self._plain(*args)
-        elif kind == 0 or kind == 4:
-            if self._has_params:
-                if type(params) is not TensorDict:
-                    bad_params(self, params)
-                if params._checked is not fn:  # type: ignore[union-attr]  # DTensor params: plain inputs replicated
-                    args = _placed_inputs(self, params, args)  # type: ignore[arg-type]
-                if self._held:
-                    raise_held(self, params)
-                p = params
-            else:
-                p = _empty_params()
-            if kind == 0:
-                out = fn(p, *args, key=key) if self._random else fn(p, *args)
-            elif self._slots is None:  # a torch module's forward, by name
-                out = fn.call_with(p, (), dict(zip(self._kwargs, args)), key)
-            else:  # bound to the positions of the forward (or the layer's call)
-                pos = list(self._defaults)
-                for i, v in zip(self._slots, args):
-                    pos[i] = v
-                out = fn(p, *pos, key=key) if self._random else fn(p, *pos)
-        elif kind == 1:
-            p = _empty_params()
-            out = fn(p, *args, key=key) if self._random else fn(p, *args)
-        else:
-            out = fn(**dict(zip(self._kwargs, args)))
-        if self._stateful:
-            out, state = out
-            _write_outputs(self, data, bs, out)
-            return state
-        _write_outputs(self, data, bs, out)
-        return None
+        """Run the step on the working dict ``data`` (``_step.run_step``)."""
+        return run_step(self, self._desc, params, data, bs, opts)
 
 
-_Tensor = torch.Tensor
+#: Functions whose output has the shape of their (tensor) input: the batch-dims check
+#: of their output is implied by their input's, which is already checked.
+_SHAPE_KEEPING = frozenset(
+    {
+        torch.relu,
+        torch.tanh,
+        torch.sigmoid,
+        torch.neg,
+        torch.exp,
+        torch.abs,
+        F.relu,
+        F.gelu,
+        F.silu,
+        F.elu,
+        F.leaky_relu,
+        F.softplus,
+        F.mish,
+        F.hardtanh,
+        F.relu6,
+    }
+)
 
 
-def _make_run(m: Module):
-    """The function a call runs: ``m._step``, or a specialised copy of it for the
-    common case of one str in_key and one str out_key (the hot path of a chain)."""
-    ins, outs, fn, kind, rnd = m.in_keys, m.out_keys, m._fn, m._kind, m._random
-    if m._stateful or m._held:
-        return m._step
-    if kind == 2:
-        fn = m._plain
-    if not (all(type(k) is str for k in ins) and len(outs) == 1 and type(outs[0]) is str):
-        return m._step
-    if len(ins) != 1:
-        if kind != 2:
-            return m._step
-        o0 = outs[0]
+def _keeps_shape(fn: Any) -> bool:
+    try:
+        return fn in _SHAPE_KEEPING
+    except TypeError:  # an unhashable callable
+        return False
 
-        def run_n(params, data, bs, opts):
-            try:
-                args = [data[k] for k in ins]
-            except KeyError:
-                missing_input(m, next(k for k in ins if k not in data), data)
-            out = fn(*args)
-            if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
-                return _write_outputs(m, data, bs, out)
-            data[o0] = out
 
-        return run_n
-    k0, o0 = ins[0], outs[0]
-    if kind == 2:
-
-        def run(params, data, bs, opts):
-            x = data.get(k0, _NOPE)
-            if x is _NOPE:
-                missing_input(m, k0, data)
-            out = fn(x)
-            if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
-                return _write_outputs(m, data, bs, out)
-            data[o0] = out
-
-    elif kind == 0:
-
-        def run(params, data, bs, opts):
-            x = data.get(k0, _NOPE)
-            if x is _NOPE:
-                missing_input(m, k0, data)
-            if type(params) is not TensorDict:
-                bad_params(m, params)
-            if params._checked is not fn:  # DTensor params: plain inputs replicated
-                (x,) = _placed_inputs(m, params, (x,))
-            out = fn(params, x, key=None if opts is None else opts.key) if rnd else fn(params, x)
-            if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
-                return _write_outputs(m, data, bs, out)
-            data[o0] = out
-
-    elif kind == 1:
-        empty = _empty_params()
-
-        def run(params, data, bs, opts):
-            x = data.get(k0, _NOPE)
-            if x is _NOPE:
-                missing_input(m, k0, data)
-            out = fn(empty, x, key=None if opts is None else opts.key) if rnd else fn(empty, x)
-            if type(out) is not _Tensor or out.shape[: len(bs)] != bs:
-                return _write_outputs(m, data, bs, out)
-            data[o0] = out
-
+def _describe(m: Module, fn: Any, source: Any, kwargs: tuple | None) -> Step:
+    """The Step of Module ``m`` around its (lowered) function ``fn``."""
+    layer, key, names, token = _is_layer(fn), False, None, None
+    if not layer:
+        form, names = (Form.KEYWORDS, kwargs) if kwargs else (Form.PLAIN, None)
+    elif kwargs:  # bound by name to the layer's positions (or a forward's names)
+        fn, form, key = Bound(fn, source, kwargs, m._label()), Form.LAYER, True
+    elif not fn.has_params and not fn.random and hasattr(fn, "function"):
+        fn, form = fn.function(), Form.PLAIN  # a param-free layer's plain function
     else:
-        return m._step
-    return run
+        form, key = Form.LAYER, fn.random
+    if m._has_params:
+        token = m._fn
+    elif form is Form.LAYER:
+        form = Form.EMPTY
+        _empty_params()  # made now: a lazy global first made under dynamo is a guard
+    same = form is Form.PLAIN and len(m.in_keys) == 1 and _keeps_shape(fn)
+    inline = getattr(fn, "plan_inline", None) if form is Form.LAYER and not key else None
+    if inline is not None and (len(m.in_keys) != 1 or type(fn).__call__ is not inline.call):
+        inline = None
+    outs = m._out_all
+    return Step(
+        m.in_keys, fn, form, key, names, token, m._held, outs, outs, m._stateful, same, inline
+    )

@@ -18,9 +18,10 @@ from typing import Any
 import torch
 
 from .. import _errors as E
-from .._td import TensorDict, _set_checked
+from .._td import TensorDict
 from .._td import _dtensor as _dt
 from .._td._dtensor import _base, _from_local, mixed_mesh_error, one_mesh, seen
+from .._td._marks import mark, mark_of
 from ._call import params_hint
 from ._keys import key_diff
 
@@ -77,7 +78,7 @@ def _compute_layout(fn) -> tuple[dict, tuple | None]:
 def _check_params(m: Any, params: TensorDict) -> None:
     # Under torch.compile the check is traced (it costs nothing at run time: the
     # shapes are guarded anyway) but neither the layout cache nor the params'
-    # ``_checked`` slot is written: a side effect on an input or on a global
+    # params-check cache (``_td/_marks.py``) is written: a side effect on an input or on a global
     # would make the next call fail a guard and recompile (notes/gotchas.md).
     compiling = torch.compiler.is_compiling()
     if not compiling:  # fast path: a flat layout whose entries all match
@@ -89,7 +90,7 @@ def _check_params(m: Any, params: TensorDict) -> None:
                 if type(v) is not _Tensor or v.shape != shape:  # DTensors: the slow path
                     break
             else:  # after a DTensor was met, look under torch.func's wrappers too
-                _set_checked(params, placed_mark(m, data.items()) if _dt.SEEN else m._fn)
+                mark(params, placed_mark(m, data.items()) if _dt.SEEN else m._fn)
                 return
     expected = dict(m._fn.param_shapes()) if compiling else _layout(m._fn)[0]
     got = {k if isinstance(k, tuple) else (k,): v for k, v in params.items(True, True)}
@@ -107,11 +108,11 @@ def _check_params(m: Any, params: TensorDict) -> None:
                 f"expected {list(shape)}. (An ensemble's stacked params are called with fd.vmap.)"
             )
     if not compiling:  # the layer, or a Placed mark when params hold DTensors
-        _set_checked(params, placed_mark(m, got.items()))
+        mark(params, placed_mark(m, got.items()))
 
 
 class Placed:
-    """The ``_checked`` mark of params that passed a layer's check and hold DTensors."""
+    """The params-check token of params that passed a layer's check and hold DTensors."""
 
     __slots__ = ("fn", "mesh")
     fn: Any
@@ -122,7 +123,7 @@ class Placed:
 
 
 def placed_mark(m: Any, items: Any) -> Any:
-    """What ``_check_params`` stores in ``params._checked``: the layer itself for plain
+    """What ``_check_params`` records in the params-check cache (``_td/_marks.py``): the layer itself for plain
     params, a ``Placed`` record (layer + mesh) for params holding DTensors."""
     mesh = one_mesh(m._label(), items)
     if mesh is None:
@@ -146,17 +147,17 @@ def _replicate(m: Any, args: Any, mesh: Any) -> Any:
 
 
 def placed_inputs(m: Any, params: TensorDict, args: Any) -> Any:
-    """Called by a module with params when ``params._checked is not m._fn``: check the
+    """Called by a module with params when ``params`` is not marked checked against ``m._fn``: check the
     params (once per params TensorDict), and when they hold DTensors return ``args``
     with every plain tensor replicated on their mesh; else ``args`` unchanged."""
-    mark = params._checked
-    if type(mark) is not Placed or mark.fn is not m._fn:
+    token = mark_of(params)
+    if type(token) is not Placed or token.fn is not m._fn:
         _check_params(m, params)
-        mark = params._checked
-        if mark is m._fn:
+        token = mark_of(params)
+        if token is m._fn:
             return args
-        if type(mark) is not Placed:  # under torch.compile nothing is stored: look again
-            mark = placed_mark(m, params.items(True, True))
-            if type(mark) is not Placed:
+        if type(token) is not Placed:  # under torch.compile nothing is stored: look again
+            token = placed_mark(m, params.items(True, True))
+            if type(token) is not Placed:
                 return args
-    return _replicate(m, args, mark.mesh)
+    return _replicate(m, args, token.mesh)

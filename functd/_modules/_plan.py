@@ -9,13 +9,15 @@ cached on the (frozen) Sequential value: read the inputs once into locals, call
 each step's function on plain tensors, build the output TensorDict once. It
 keeps the reference's semantics exactly, using the same building blocks:
 
-- outputs that fail the inline check (not a tensor, wrong batch dims, a tuple or
-  a mapping for several out_keys) go through ``_outputs._write_outputs``; the
-  params of a child go through ``_params_check._check_params``;
-- a child that does not declare itself inline (``m._inline()``: a plain Module
-  with str keys; not a Probabilistic head, a Sequential kept whole, nested keys)
-  runs its own ``_run`` with the call's options on a dict holding exactly the
-  entries the reference's working dict holds at that point;
+- a child that describes its step (``describe()``: a ``_step.Step`` that
+  ``_step.inlinable`` accepts) is written out from that description alone: its
+  reads, its call in the description's form, its params check and its writes.
+  Outputs that fail the inline check (not a tensor, wrong batch dims, a tuple or
+  a mapping for several out_keys) go through ``_outputs._write_outputs``, the
+  params through ``_params_check._check_params``, as in ``_step.run_step``;
+- any other child (a Probabilistic head, a Sequential kept whole, nested keys,
+  state) runs its own ``_run`` with the call options on a dict holding exactly
+  the entries the reference's working dict holds at that point;
 - a layout where some child reads a key nothing provides, or params that are
   not a TensorDict or lack a child's entry, fall back to the reference call,
   which raises its usual error (nothing has run yet when the plan gives up).
@@ -25,7 +27,8 @@ same and the plan cache stays out of the guards. The cache holds at most
 ``MAX_PLANS`` layouts per Sequential, evicting the least recently used one (a
 dict in recency order; a call with the same layout as the last one skips the
 bookkeeping), and lives on the Sequential itself, so dropping the module drops
-its plans.
+its plans. The source is registered with ``linecache`` under the plan's file
+name for as long as the plan lives, so a traceback through a plan shows its lines.
 
 No user value becomes source code: keys, param entry names and argument names
 are bound in the plan's namespace (``K0 = 'x'``) and reach its body as
@@ -40,53 +43,39 @@ Example:
 
 from __future__ import annotations
 
+import itertools
+import linecache
 import sys
-from typing import Any
+import weakref
+from typing import Any, cast
 
 import torch
-import torch.nn.functional as F
 
-from .._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec, plain_str
-from ..nn._linear import Linear
+from .._td import TensorDict, _alloc, _set_bs, _set_data, _set_spec, plain_str
+from .._td._marks import mark
 from ..random import fold_in
 from ._call import _empty_params, bad_params, call_td
 from ._outputs import _write_outputs
 from ._params_check import _check_params
+from ._step import Form, Step, inlinable
 
-__all__ = ["MAX_PLANS", "plan_source", "reference", "run"]
+__all__ = ["MAX_PLANS", "layout_key", "plan_source", "reference", "run"]
 
 #: Most layouts planned per Sequential; a new layout beyond them evicts the least recently used.
 MAX_PLANS = 16
 
 _Tensor = torch.Tensor
-#: Functions whose output has the shape of their (tensor) input: the batch-dims
-#: check of their output is implied by their input's, which is already checked.
-_SHAPE_KEEPING = frozenset(
-    {
-        torch.relu,
-        torch.tanh,
-        torch.sigmoid,
-        torch.neg,
-        torch.exp,
-        torch.abs,
-        F.relu,
-        F.gelu,
-        F.silu,
-        F.elu,
-        F.leaky_relu,
-        F.softplus,
-        F.mish,
-        F.hardtanh,
-        F.relu6,
-    }
-)
+_numbers = itertools.count()
 
 
-def _keeps_shape(fn: Any) -> bool:
-    try:
-        return fn in _SHAPE_KEEPING
-    except TypeError:  # an unhashable callable
-        return False
+def layout_key(params: Any, td: TensorDict, opts: Any) -> tuple:
+    """The layout a plan is made for: the td's keys in order, its number of batch dims
+    and whether the call takes the hot path (no key, params given)."""
+    return (
+        tuple(td._data),
+        len(td._batch_size),
+        (opts is None or opts.key is None) and type(params) is TensorDict,
+    )
 
 
 def _early_drops(modules: Any, drop: tuple) -> list[tuple[str, ...]]:
@@ -128,7 +117,7 @@ def _check_child(m: Any, p: Any) -> bool:
     if type(p) is not TensorDict:
         bad_params(m, p)
     _check_params(m, p)
-    return p._checked is not m._fn
+    return p._check_cache is not m.describe().token
 
 
 def _write1(m: Any, bs: torch.Size, out: Any, key: str) -> Any:
@@ -147,12 +136,11 @@ def run(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict | None:
     """``seq(params, td)`` with call options ``opts`` through its plan for td's layout;
     None: the caller runs the reference call (a layout the plan cannot serve, or bad
     params)."""
-    data = td._data
-    bs = td._batch_size
-    key = None if opts is None else opts.key
-    layout = (tuple(data), len(bs), key is None and type(params) is TensorDict)
+    layout = layout_key(params, td, opts)
     plans = seq._plans
     plan = plans.get(layout)
+    if plan is not None and plan is seq._plan_mru:  # the last call's layout: no bookkeeping
+        return plan(params, td._data, td._batch_size, opts)
     if plan is None:
         plan = _compile(seq, layout)
         while len(plans) >= MAX_PLANS:  # evict the least recently used (the first)
@@ -162,7 +150,7 @@ def run(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict | None:
     if plan is not seq._plan_mru:
         plans[layout] = plan  # the most recently used goes last
         object.__setattr__(seq, "_plan_mru", plan)
-    return plan(params, data, bs, opts)
+    return plan(params, td._data, td._batch_size, opts)
 
 
 def reference(
@@ -177,8 +165,8 @@ def plan_source(seq: Any, td: TensorDict, *, key: Any = None, params: Any = None
     """The Python source of ``seq``'s plan for ``td``'s layout ("" when the reference
     call serves it), followed by comments naming the strings its ``K<n>`` stand for
     (for reading only: the compiled source has no such text)."""
-    early = key is None and type(params) is TensorDict
-    src, ns = _generate(seq, (tuple(td._data), len(td._batch_size), early))
+    opts = None if key is None else seq._call_options(key, None)
+    src, ns = _generate(seq, layout_key(params, td, opts))
     names = sorted((k for k in ns if k[:1] == "K" and k[1:].isdigit()), key=lambda k: int(k[1:]))
     return src + "".join(f"# {k} = {ns[k]!r}\n" for k in names)
 
@@ -187,211 +175,233 @@ def _compile(seq: Any, layout: tuple):
     src, ns = _generate(seq, layout)
     if not src:
         return _give_up()
-    code = compile(src, f"<functd plan of {seq._label()}>", "exec")
-    exec(code, ns)
-    return ns["plan"]
+    filename = f"<functd plan {next(_numbers)} of {seq._label()}>"
+    exec(compile(src, filename, "exec"), ns)
+    plan = ns["plan"]
+    # the source, for tracebacks and inspect, for as long as the plan lives
+    linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
+    weakref.finalize(plan, linecache.cache.pop, filename, None)
+    return plan
 
 
 def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     """(source, globals) of the plan; ("", {}) when the reference call must serve."""
-    keys, n, early = layout
     if seq._stateful:
         return "", {}
-    drops = _early_drops(seq.modules, seq._drop) if early else None
-    ns: dict = {
-        "T": _Tensor,
-        "TD": TensorDict,
-        "_alloc": _alloc,
-        "_set_data": _set_data,
-        "_set_bs": _set_bs,
-        "_set_spec": _set_spec,
-        "_set_checked": _set_checked,
-        "_check_child": _check_child,
-        "_write1": _write1,
-        "_write_n": _write_n,
-        "_empty": _empty_params(),
-        "F_linear": F.linear,
-    }
-    lines: list[str] = []
-    emit = lines.append
-    consts: dict[str, str] = {}  # a user's str (key, param name, argument name) -> its local
+    w = _Writer(layout)
+    w.params(seq)
+    drops = _early_drops(seq.modules, seq._drop) if w.early else None
+    for i, (_name, m, hp, rnd, idx, run) in enumerate(seq._steps):
+        w.ns[f"M{i}"] = m
+        p = f"p{i}" if hp else "None"
+        desc = m.describe()
+        if desc is not None and inlinable(desc):
+            if not w.inline(i, desc, p, idx if rnd else None):
+                return "", {}  # a read nothing provides: the reference call raises
+        else:
+            w.opaque(i, m, p, run, idx if rnd else None)
+        if drops is not None:
+            w.drop_early(drops[i])
+    return w.finish(seq)
 
-    def c(value: str) -> str:
+
+class _Writer:
+    """The plan's lines, its namespace, and the static state of the reference's working
+    dict: its keys in insertion order (``order``), which are ``live``, which sit in the
+    dict ``base`` (the td's entries, or the dict an opaque child last ran on), and the
+    local variable holding each key's latest value (``var``; ``dirty``: not in base)."""
+
+    def __init__(self, layout: tuple) -> None:
+        keys, self.n, self.early = layout
+        self.ns: dict = {"T": _Tensor, "TD": TensorDict, "_write1": _write1}
+        self.lines: list[str] = []
+        self.consts: dict[str, str] = {}  # a user's str (key, name) -> its local
+        self.order, self.live, self.in_base = list(keys), set(keys), set(keys)
+        self.var: dict[str, str] = {}
+        self.dirty: set[str] = set()
+        self.base_is_data = True
+        self.count = 0
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def c(self, value: str) -> str:
         """The local bound to ``value``: user values live in the namespace, never in the
         source (a key's repr is the user's code; StrEnum members repr as ``<K.X: 'x'>``)."""
         value = plain_str(value)
-        name = consts.get(value)
+        name = self.consts.get(value)
         if name is None:
-            name = consts[value] = f"K{len(consts)}"
-            ns[name] = value
+            name = self.consts[value] = f"K{len(self.consts)}"
+            self.ns[name] = value
         return name
 
-    # Static state of the working dict: which keys it holds (in insertion order), which
-    # of them sit in the dict ``base`` (the td's entries, or the dict an opaque child
-    # last ran on), and the local variable holding each key's latest value.
-    order: list[str] = list(keys)  # the reference dict's keys, in its order
-    live = set(keys)
-    in_base = set(keys)
-    var: dict[str, str] = {}  # key -> local holding its value
-    dirty: set[str] = set()  # keys whose value is in a local but not in base
-    base_is_data = True
-    counter = [0]
+    def fresh(self) -> str:
+        self.count += 1
+        return f"v{self.count}"
 
-    def fresh() -> str:
-        counter[0] += 1
-        return f"v{counter[0]}"
+    def read(self, k: str) -> str:
+        if k not in self.var:
+            v = self.var[k] = self.fresh()
+            self.emit(f"{v} = base[{self.c(k)}]")
+        return self.var[k]
 
-    def read(k: str) -> str:
-        if k not in var:
-            v = fresh()
-            emit(f"    {v} = base[{c(k)}]")
-            var[k] = v
-        return var[k]
+    def params(self, seq: Any) -> None:
+        """The params preamble: give up (to the loop, which raises) on params with an
+        entry no child owns, not a TensorDict, or lacking a child's entry."""
+        if seq._nparams < sys.maxsize:  # params with an entry no child owns: the loop raises
+            self.emit(f"if type(params) is TD and len(params._data) > {int(seq._nparams)}:")
+            self.emit("    return None")
+        named = [(j, name) for j, (name, _, hp, *_) in enumerate(seq._steps) if hp]
+        if named:
+            self.emit("if type(params) is not TD:")
+            self.emit("    return None")
+            self.emit("pd = params._data")
+            self.emit("try:")
+            for j, name in named:
+                self.emit(f"    p{j} = pd[{self.c(name)}]")
+            self.emit("except KeyError:")
+            self.emit("    return None")
+        self.emit("base = data")
+        if seq._random:
+            self.ns["fold_in"] = fold_in
+            self.emit("key = None if opts is None else opts.key")
 
-    def working_dict(name: str) -> None:
-        """Emit ``name`` = a dict equal to the reference's working dict at this point."""
-        live_order = [k for k in order if k in live]
-        if base_is_data:  # one dict display, in the reference dict's key order
-            body = ", ".join(f"{c(k)}: {var.get(k, f'base[{c(k)}]')}" for k in live_order)
-            emit(f"    {name} = {{{body}}}")
-            return
-        emit(f"    {name} = base")  # a dict of ours (made for an opaque child): reused
-        for k in live_order:
-            if k in dirty:
-                emit(f"    {name}[{c(k)}] = {var[k]}")
-        for k in sorted(in_base - live):
-            emit(f"    del {name}[{c(k)}]")
-
-    steps = seq._steps
-    has_p = [s[2] for s in steps]
-    if seq._nparams < sys.maxsize:  # params with an entry no child owns: the loop raises
-        emit(f"    if type(params) is TD and len(params._data) > {int(seq._nparams)}:")
-        emit("        return None")
-    if any(has_p):
-        emit("    if type(params) is not TD:")
-        emit("        return None")
-        emit("    pd = params._data")
-        emit("    try:")
-        for j, ((name, *_), hp) in enumerate(zip(steps, has_p)):
-            if hp:
-                emit(f"        p{j} = pd[{c(name)}]")
-        emit("    except KeyError:")
-        emit("        return None")
-    emit("    base = data")
-    if seq._random:
-        ns["fold_in"] = fold_in
-        emit("    key = None if opts is None else opts.key")
-    for i, (_name, m, hp, rnd, idx, run) in enumerate(steps):
-        ns[f"M{i}"] = m
-        p = f"p{i}" if hp else "None"
-        if m._inline():
-            if any(k not in live for k in m.in_keys):
-                return "", {}  # the reference call raises the missing-input error
-            args = [read(k) for k in m.in_keys]
-            kw = ""
-            if rnd:
-                emit(f"    k{i} = None if key is None else fold_in(key, {int(idx)})")
-                kw = f", key=k{i}"
-            kind = m._kind
-            if kind == 2:
-                ns[f"F{i}"] = m._plain
-                call = f"F{i}({', '.join(args)})"
-            elif kind == 0:
-                ns[f"F{i}"] = m._fn
-                emit(f"    if type({p}) is not TD or {p}._checked is not F{i}:")
-                emit(f"        if _check_child(M{i}, {p}):")
-                emit("            return None")
-                call = f"F{i}({', '.join([p, *args])}{kw})"
-                if type(m._fn).__call__ is Linear.__call__ and len(args) == 1:
-                    # Linear.__call__'s body, written out (tests compare it with the loop);
-                    # its DTensor branch is not needed here: DTensor params are marked
-                    # Placed, fail the `_checked is F` test above and take the loop
-                    call = f"F_linear({args[0]}, {p}._data['weight'], {p}._data.get('bias'))"
-            elif kind == 1:
-                ns[f"F{i}"] = m._fn
-                call = f"F{i}({', '.join(['_empty', *args])}{kw})"
-            else:
-                ns[f"F{i}"] = m._fn
-                kws = ", ".join(f"{c(a)}: {v}" for a, v in zip(m._kwargs, args))
-                call = f"F{i}(**{{{kws}}})"
-            outs = m.out_keys
-            vs = [fresh() for _ in outs]
-            if len(outs) == 1:
-                o, v = outs[0], vs[0]
-                emit(f"    {v} = {call}")
-                if kind == 2 and len(args) == 1 and _keeps_shape(m._plain):
-                    cond = f"type({v}) is not T"  # same shape as its checked input
-                elif kind == 0 and type(m._fn) is Linear and len(args) == 1:
-                    # (..., in) -> (..., out): the batch dims stay when the input has a
-                    # feature dim beyond them
-                    cond = (
-                        f"type({v}) is not T or {args[0]}.ndim == {n}"
-                        if n
-                        else (f"type({v}) is not T")
-                    )
-                elif n == 0:
-                    cond = f"type({v}) is not T"
-                elif n == 1:  # one dim compared: cheaper than slicing the shape
-                    cond = f"type({v}) is not T or not {v}.ndim or {v}.shape[0] != bs[0]"
-                else:
-                    cond = f"type({v}) is not T or {v}.shape[:{n}] != bs"
-                emit(f"    if {cond}:")
-                emit(f"        {v} = _write1(M{i}, bs, {v}, {c(o)})")
-            else:
-                emit(f"    {', '.join(vs)}, = _write_n(M{i}, bs, {call})")
-            for o, v in zip(outs, vs):
-                if o not in order:
-                    order.append(o)
-                live.add(o)
-                var[o] = v
-                dirty.add(o)
+    def inline(self, i: int, s: Step, p: str, idx: int | None) -> bool:
+        """Write out child ``i`` from its description ``s``; False: a read is missing."""
+        reads = cast(tuple[str, ...], s.reads)  # (inlinable: str keys)
+        if any(k not in self.live for k in reads):
+            return False
+        args = [self.read(k) for k in reads]
+        f = f"F{i}"
+        self.ns[f] = s.fn
+        if s.token is not None:  # the params check (once per params: _td/_marks.py)
+            self.ns[f"C{i}"] = s.token
+            self.emit(f"if type({p}) is not TD or {p}._check_cache is not C{i}:")
+            self.emit(f"    if _check_child(M{i}, {p}):")
+            self.emit("        return None")
+            self.ns["_check_child"] = _check_child
+        call = self.call(i, s, p, args, idx)
+        outs = cast(tuple[str, ...], s.writes)
+        vs = [self.fresh() for _ in outs]
+        if len(outs) == 1:
+            self.emit(f"{vs[0]} = {call}")
+            self.emit(f"if {self.bad_output(vs[0], s, args)}:")
+            self.emit(f"    {vs[0]} = _write1(M{i}, bs, {vs[0]}, {self.c(outs[0])})")
         else:
-            working_dict("d")
-            d = "d"
-            o = (
-                f"opts if key is None else opts.with_key(fold_in(key, {int(idx)}))"
-                if rnd
-                else "opts"
+            self.ns["_write_n"] = _write_n
+            self.emit(f"{', '.join(vs)}, = _write_n(M{i}, bs, {call})")
+        for o, v in zip(outs, vs):
+            if o not in self.order:
+                self.order.append(o)
+            self.live.add(o)
+            self.var[o] = v
+            self.dirty.add(o)
+        return True
+
+    def call(self, i: int, s: Step, p: str, args: list[str], idx: int | None) -> str:
+        """The call expression of ``s`` in its form (``_step.call``'s forms)."""
+        f = f"F{i}"
+        if s.form is Form.PLAIN:
+            return f"{f}({', '.join(args)})"
+        if s.form is Form.KEYWORDS:
+            kws = ", ".join(f"{self.c(a)}: {v}" for a, v in zip(s.names, args))  # type: ignore[arg-type]
+            return f"{f}(**{{{kws}}})"
+        if s.form is Form.EMPTY:
+            self.ns["_empty"] = _empty_params()
+            p = "_empty"
+        if s.inline is not None:  # the layer's call written out (nn._base.Inline)
+            self.ns.update(s.inline.names)
+            return s.inline.expr.format(p=p, x=args[0])
+        kw = ""
+        if s.key:
+            k = "key"
+            if idx is not None:
+                self.emit(f"k{i} = None if key is None else fold_in(key, {int(idx)})")
+                k = f"k{i}"
+            kw = f", key={k}"
+        return f"{f}({', '.join([p, *args])}{kw})"
+
+    def bad_output(self, v: str, s: Step, args: list[str]) -> str:
+        """The test that sends output ``v`` to ``_write_outputs`` (its checks, its error)."""
+        n = self.n
+        if s.same_shape or n == 0:  # same shape as its checked input / no batch dims
+            return f"type({v}) is not T"
+        if s.inline is not None and s.inline.keeps_lead:
+            # (..., in) -> (..., out): the batch dims stay when the input has a dim beyond them
+            return f"type({v}) is not T or {args[0]}.ndim == {n}"
+        if n == 1:  # one dim compared: cheaper than slicing the shape
+            return f"type({v}) is not T or not {v}.ndim or {v}.shape[0] != bs[0]"
+        return f"type({v}) is not T or {v}.shape[:{n}] != bs"
+
+    def working_dict(self, name: str) -> None:
+        """Emit ``name`` = a dict equal to the reference's working dict at this point."""
+        live_order = [k for k in self.order if k in self.live]
+        if self.base_is_data:  # one dict display, in the reference dict's key order
+            body = ", ".join(
+                f"{self.c(k)}: {self.var.get(k, f'base[{self.c(k)}]')}" for k in live_order
             )
-            ns[f"R{i}"] = run  # the step the loop runs for this child
-            emit(f"    R{i}({p}, {d}, bs, {o})")
-            emit(f"    base = {d}")
-            base_is_data = False
-            for o in getattr(m, "_drop", ()):  # what a Sequential child removes
-                if type(o) is str and o in live:
-                    live.discard(o)
-                    order.remove(o)  # written again later, it goes to the end
-            for o in m.out_keys:
-                top = o if type(o) is str else o[0]
-                if top not in order:
-                    order.append(top)
-                live.add(top)
-            in_base = set(live)
-            var.clear()
-            dirty.clear()
-        if drops is not None:
-            for k in drops[i]:
-                if k in live:
-                    live.discard(k)
-                    if k in var:
-                        emit(f"    del {var.pop(k)}")  # free the intermediate now
-                    dirty.discard(k)
-    for k in seq._drop:
-        if type(k) is str and k in live:
-            live.discard(k)
-            dirty.discard(k)
-            var.pop(k, None)
-    working_dict("out")
-    if any(type(k) is not str for k in seq._drop):
-        ns["SEQ"] = seq  # only then: no reference cycle module -> plan -> module otherwise
-        emit("    SEQ._drop_unselected(out)")
-    emit("    td = _alloc(TD)")  # _new without its dynamo check: plans run eagerly only
-    emit("    _set_data(td, out)")
-    emit("    _set_bs(td, bs)")
-    emit("    _set_spec(td, None)")
-    emit("    _set_checked(td, None)")
-    emit("    return td")
-    # the user's strings reach the body as keyword-only defaults: fast locals, bound from ns
-    bound = "".join(f", {n}={n}" for n in consts.values())
-    head = f"def plan(params, data, bs, opts{', *' if bound else ''}{bound}):\n"
-    return head + "\n".join(lines) + "\n", ns
+            self.emit(f"{name} = {{{body}}}")
+            return
+        self.emit(f"{name} = base")  # a dict of ours (made for an opaque child): reused
+        for k in live_order:
+            if k in self.dirty:
+                self.emit(f"{name}[{self.c(k)}] = {self.var[k]}")
+        for k in sorted(self.in_base - self.live):
+            self.emit(f"del {name}[{self.c(k)}]")
+
+    def opaque(self, i: int, m: Any, p: str, run: Any, idx: int | None) -> None:
+        """Child ``i`` runs its own step on a dict equal to the loop's working dict."""
+        self.working_dict("d")
+        o = (
+            "opts"
+            if idx is None
+            else f"opts if key is None else opts.with_key(fold_in(key, {int(idx)}))"
+        )
+        self.ns[f"R{i}"] = run  # the step the loop runs for this child
+        self.emit(f"R{i}({p}, d, bs, {o})")
+        self.emit("base = d")
+        self.base_is_data = False
+        for k in getattr(m, "_drop", ()):  # what a Sequential child removes
+            if type(k) is str and k in self.live:
+                self.live.discard(k)
+                self.order.remove(k)  # written again later, it goes to the end
+        for k in m.out_keys:
+            top = k if type(k) is str else k[0]
+            if top not in self.order:
+                self.order.append(top)
+            self.live.add(top)
+        self.in_base = set(self.live)
+        self.var.clear()
+        self.dirty.clear()
+
+    def drop_early(self, keys: tuple) -> None:
+        for k in keys:
+            if k in self.live:
+                self.live.discard(k)
+                if k in self.var:
+                    self.emit(f"del {self.var.pop(k)}")  # free the intermediate now
+                self.dirty.discard(k)
+
+    def finish(self, seq: Any) -> tuple[str, dict]:
+        """Drop the unselected keys, build the output TensorDict; (source, namespace)."""
+        for k in seq._drop:
+            if type(k) is str and k in self.live:
+                self.live.discard(k)
+                self.dirty.discard(k)
+                self.var.pop(k, None)
+        self.working_dict("out")
+        if any(type(k) is not str for k in seq._drop):
+            self.ns["SEQ"] = seq  # only then: no reference cycle module -> plan -> module
+            self.emit("SEQ._drop_unselected(out)")
+        self.ns.update(_alloc=_alloc, _set_data=_set_data, _set_bs=_set_bs)
+        self.ns.update(_set_spec=_set_spec, _mark=mark)
+        self.emit("td = _alloc(TD)")  # _new without its dynamo check: plans run eagerly only
+        self.emit("_set_data(td, out)")
+        self.emit("_set_bs(td, bs)")
+        self.emit("_set_spec(td, None)")
+        self.emit("_mark(td, None)")
+        self.emit("return td")
+        # the user's strings reach the body as keyword-only defaults: fast locals, bound from ns
+        bound = "".join(f", {n}={n}" for n in self.consts.values())
+        head = f"def plan(params, data, bs, opts{', *' if bound else ''}{bound}):\n"
+        return head + "\n".join(self.lines) + "\n", self.ns

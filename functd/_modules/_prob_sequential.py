@@ -30,8 +30,8 @@ from .._td import Key, TensorDict
 from ._call import _NOPE, ModuleKind, Options, bad_td, get_path, options
 from ._composite import CompositeDistribution
 from ._distributions import InteractionType
-from ._probabilistic import Probabilistic, _Drawing, _explicit, _is_head
-from ._sequential import SequenceKind, Sequential
+from ._probabilistic import Probabilistic, _Drawing, _explicit
+from ._sequential import SequenceKind
 
 __all__ = ["ProbabilisticSequential"]
 
@@ -73,6 +73,7 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
     _sample_dims: Any
     return_composite: Any
     _FROZEN_HINT = "select_out_keys(...) and indexing return new ProbabilisticSequentials."
+    probabilistic = True
 
     def __init__(
         self,
@@ -82,7 +83,7 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
         _names: Sequence[str] | None = None,
     ) -> None:
         super().__init__(*modules, selected_out_keys=selected_out_keys, _names=_names)
-        heads = tuple(i for i, m in enumerate(self.modules) if _is_head(m))
+        heads = tuple(i for i, m in enumerate(self.modules) if isinstance(m, Probabilistic))
         if not heads:
             raise TypeError(
                 "ProbabilisticSequential needs at least one fd.Probabilistic module (the head "
@@ -114,7 +115,7 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
 
     def _child_run(self, m: ModuleKind) -> Any:
         # a head with num_samples draws once per sample: the call vmaps this loop (many)
-        return m._draw if _is_head(m) and m.num_samples is not None else m._run  # type: ignore[attr-defined]
+        return m._draw if isinstance(m, Probabilistic) and m.num_samples is not None else m._run
 
     def _rebuild(self, modules: Any, selected: Any, names: Any) -> SequenceKind:
         return ProbabilisticSequential(
@@ -127,13 +128,16 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
     def __repr__(self) -> str:
         return "Probabilistic" + super().__repr__()
 
-    def __getitem__(self, index: int | slice) -> SequenceKind:
-        mods = self.modules[index] if isinstance(index, slice) else (self.modules[index],)
-        names = self.names[index] if isinstance(index, slice) else (self.names[index],)
-        if not any(_is_head(m) for m in mods):
-            return Sequential(*mods, _names=names)._takes_params_of(self)
-        rc = True if self.return_composite else None  # (as tensordict's slices)
-        new = ProbabilisticSequential(*mods, return_composite=rc, _names=names)
+    def _part(self, mods: Sequence[ModuleKind], names: Sequence[str]) -> SequenceKind:
+        """tensordict's rule for a slice or sub-sequence: with ``return_composite`` and a
+        probabilistic module among ``mods``, a composite ProbabilisticSequential; else one
+        when the last module is probabilistic; else a plain ``fd.Sequential``."""
+        if self.return_composite and any(m.probabilistic for m in mods):
+            new = ProbabilisticSequential(*mods, return_composite=True, _names=names)
+        elif mods[-1].probabilistic:
+            new = ProbabilisticSequential(*mods, _names=names)
+        else:
+            return super()._part(mods, names)
         return new._takes_params_of(self)
 
     @property
@@ -190,7 +194,7 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
 
         def visit(i: int, m: Any, data: dict, o: Any) -> bool:
             """Collect each head's distribution; a head keeps a value already there."""
-            if not _is_head(m):
+            if not isinstance(m, Probabilistic):
                 return False
             dists[i] = (m, m._dist(data), o)
             return _has_samples(m, data) or i == stop - 1

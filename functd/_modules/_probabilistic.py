@@ -293,6 +293,7 @@ class Probabilistic(_Drawing, ModuleKind):  # type: ignore[misc]
         self._check_names()
 
     _FROZEN_HINT = "build a new Probabilistic."
+    probabilistic = True
 
     # ---------------------------------------------------------------- value
     @property
@@ -493,7 +494,3 @@ def _fast_normal(m: Probabilistic, data: dict, bs: torch.Size, key: Any) -> bool
     if m.return_log_prob:
         _write(m, data, bs, m.log_prob_key, out[1])
     return True
-
-
-def _is_head(m: Any) -> bool:
-    return type(m) is Probabilistic

@@ -224,9 +224,13 @@ class SequenceKind(ModuleKind):
         """A Sequential of the chosen module(s) whose params layout matches: it takes
         the full params (the entries keep their names)."""
         if isinstance(index, slice):
-            mods, names = self.modules[index], self.names[index]
-        else:
-            mods, names = (self.modules[index],), (self.names[index],)
+            return self._part(self.modules[index], self.names[index])
+        return self._part((self.modules[index],), (self.names[index],))
+
+    def _part(self, mods: Sequence[ModuleKind], names: Sequence[str]) -> SequenceKind:
+        """The one rule for a part of this sequence (a slice, ``select_subsequence``): a
+        plain Sequential of ``mods`` (a probabilistic kind has its own rule) that takes
+        this sequence's params."""
         return Sequential(*mods, _names=names)._takes_params_of(self)
 
     def __rshift__(self, other: Any) -> Sequential:
@@ -306,12 +310,7 @@ class SequenceKind(ModuleKind):
                 "some out_key needs it)."
             )
         idx = sorted(keep)
-        mods_kept, names = [mods[i] for i in idx], [self.names[i] for i in idx]
-        try:
-            new = type(self)(*mods_kept, _names=names)
-        except TypeError:  # a subclass that needs a module dropped here (a probabilistic head)
-            new = Sequential(*mods_kept, _names=names)
-        return new._takes_params_of(self)  # type: ignore[return-value]
+        return self._part([mods[i] for i in idx], [self.names[i] for i in idx])  # type: ignore[return-value]
 
     # ---------------------------------------------------------------- params
     def init(self, key: Any, dtype: torch.dtype = torch.float32, device: Any = None) -> TensorDict:
@@ -334,15 +333,7 @@ class SequenceKind(ModuleKind):
             return positional_call(self, params, (td, *args), key, tensors)
         opts = None if key is None else Options(key)
         if type(td) is TensorDict and not tensors and not _is_dynamo():
-            data, bs = td._data, td._batch_size  # the plan of td's layout (_plan.run, inlined)
-            plan = self._plans.get(
-                (tuple(data), len(bs), key is None and type(params) is TensorDict)
-            )
-            out = (  # the last call's layout again: no LRU bookkeeping to do
-                plan(params, data, bs, opts)
-                if plan is self._plan_mru
-                else _plan.run(self, params, td, opts)
-            )
+            out = _plan.run(self, params, td, opts)  # the plan of td's layout
             if out is not None:
                 return out
         return call_td(self, params, td, key, tensors, self._run, opts)

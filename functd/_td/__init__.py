@@ -17,7 +17,6 @@ from ._tensordict import _alloc as _alloc
 from ._tensordict import _is_dynamo as _is_dynamo
 from ._tensordict import _new as _new
 from ._tensordict import _set_bs as _set_bs
-from ._tensordict import _set_checked as _set_checked
 from ._tensordict import _set_data as _set_data
 from ._tensordict import _set_path as _set_path
 from ._tensordict import _set_spec as _set_spec

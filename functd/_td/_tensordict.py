@@ -97,8 +97,8 @@ class TensorDict:
         torch.Size([5])
     """
 
-    __slots__ = ("_batch_size", "_checked", "_data", "_spec")
-    _checked: Any
+    __slots__ = ("_batch_size", "_check_cache", "_data", "_spec")
+    _check_cache: Any  # the params-check cache: owned by _marks.py
     _spec: Any
 
     _data: dict[str, torch.Tensor | TensorDict]
@@ -122,7 +122,7 @@ class TensorDict:
                             _set_data(self, source.copy())
                             _set_bs(self, _SIZES.get(b0) or _size1(b0))
                             _set_spec(self, None)
-                            _set_checked(self, None)
+                            _set_check_cache(self, None)
                             return
                     except IndexError:  # a 0-dim leaf: the general path raises
                         pass
@@ -132,7 +132,7 @@ class TensorDict:
                 _set_data(self, data)
                 _set_bs(self, bs)
                 _set_spec(self, None)
-                _set_checked(self, None)
+                _set_check_cache(self, None)
                 return
         bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
         dev = torch.device(device) if device is not None else None
@@ -487,7 +487,7 @@ for _name, _dtype in [
 _set_data = vars(TensorDict)["_data"].__set__
 _set_bs = vars(TensorDict)["_batch_size"].__set__
 _set_spec = vars(TensorDict)["_spec"].__set__
-_set_checked = vars(TensorDict)["_checked"].__set__
+_set_check_cache = vars(TensorDict)["_check_cache"].__set__  # construction only: _marks.py
 _alloc = object.__new__
 # "tracing by dynamo": the one case where the slot setters cannot be used (_tree.py too);
 # 4x cheaper than torch.compiler.is_compiling, and dynamo folds it to True.
@@ -501,7 +501,7 @@ def _init_traceable(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
     object.__setattr__(td, "_data", data)
     object.__setattr__(td, "_batch_size", batch_size)
     object.__setattr__(td, "_spec", None)
-    object.__setattr__(td, "_checked", None)  # the layer these params were checked against
+    object.__setattr__(td, "_check_cache", None)  # _marks.py
 
 
 def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
@@ -510,7 +510,7 @@ def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
     _set_data(td, data)
     _set_bs(td, batch_size)
     _set_spec(td, None)
-    _set_checked(td, None)
+    _set_check_cache(td, None)
 
 
 def _new(data: dict, batch_size: torch.Size) -> TensorDict:

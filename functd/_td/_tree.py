@@ -37,13 +37,13 @@ import torch
 import torch.utils._pytree as torch_pytree
 from torch import Tensor
 
+from ._marks import carry
 from ._tensordict import (
     TensorDict,
     _alloc,
     _is_compiling,
     _new,
     _set_bs,
-    _set_checked,
     _set_data,
     _set_spec,
 )
@@ -51,7 +51,6 @@ from ._tensordict import (
 __all__ = [
     "NAMESPACE",
     "flat_leaves",
-    "keep_marks",
     "same_keys",
     "spec_of",
     "tree",
@@ -267,29 +266,15 @@ def _build(td: TensorDict, it) -> TensorDict:
     if _is_compiling():  # dynamo cannot trace the slot setters
         out = _new(vals, td._batch_size)
         object.__setattr__(out, "_spec", spec)
-        if td._checked is not None:
-            object.__setattr__(out, "_checked", td._checked)
+        if td._check_cache is not None:  # (the only write _marks.py does not make: dynamo)
+            object.__setattr__(out, "_check_cache", td._check_cache)
         return out
     out = _alloc(TensorDict)  # the slot setters: _new's work, twice as fast (a hot path)
     _set_data(out, vals)
     _set_bs(out, td._batch_size)
     _set_spec(out, spec)  # same keys and ranks: share the cached spec
-    _set_checked(out, td._checked)  # same keys and shapes: a module's params check holds too
+    carry(td, out)  # same keys and shapes: a module's params check holds too
     return out
-
-
-def keep_marks(seen: TensorDict, like: TensorDict) -> None:
-    """Copy the params-check marks that module calls left on ``seen`` (and its nested
-    TensorDicts) onto ``like``, a TensorDict of the same layout it was built from
-    (``unflatten_like``), so that later TensorDicts built from ``like`` skip the
-    check too. A cache write, as a module call makes on the params it is given."""
-    mark = seen._checked
-    if mark is not None and like._checked is not mark:
-        _set_checked(like, mark)
-    data = like._data
-    for k, v in seen._data.items():
-        if type(v) is TensorDict:
-            keep_marks(v, data[k])  # type: ignore[arg-type]
 
 
 def same_keys(a: TensorDict, b: TensorDict) -> bool:

@@ -27,8 +27,9 @@ import torch.utils._pytree as torch_pytree
 
 from .._eager import plain
 from .._td import TensorDict, _new
+from .._td._marks import keep_marks
 from .._td._tensordict import _is_compiling
-from .._td._tree import flat_leaves, keep_marks, tree, unflatten_like
+from .._td._tree import flat_leaves, tree, unflatten_like
 from ._paths import fmt_path
 
 __all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "value_and_grad", "vjp"]
@@ -334,7 +335,8 @@ def loss_and_grad(
         else:
             gs = torch.autograd.grad(loss, inputs, allow_unused=True)  # type: ignore[assignment]
     # the modules checked ``seen`` against their layouts; ``params`` has the same one, so
-    # its next copies (the next step's params, built from these) skip the check
+    # its next copies (the next step's params, built from these) skip the check: a write
+    # to the params-check cache only (functd/_td/_marks.py), no value changes
     keep_marks(seen, params)
     gs = [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, gs)]  # type: ignore[misc]
     if isinstance(aux, torch.Tensor):

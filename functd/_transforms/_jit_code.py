@@ -33,7 +33,8 @@ from typing import Any
 import optree
 from torch import Tensor
 
-from .._td import TensorDict, _alloc, _set_bs, _set_checked, _set_data, _set_spec
+from .._td import TensorDict, _alloc, _set_bs, _set_data, _set_spec
+from .._td._marks import mark
 from .._td._tree import NAMESPACE, spec_of
 from ._jit_trace import Direct
 from ._signature import Desc, Flat
@@ -52,7 +53,7 @@ class _Code:
             "_sd": _set_data,
             "_sb": _set_bs,
             "_ss": _set_spec,
-            "_sc": _set_checked,
+            "_sc": mark,
             "_Desc": Desc,
             "_unflatten": optree.tree_unflatten,
         }

@@ -93,6 +93,19 @@ def xavier_uniform(fan_in: int, fan_out: int) -> Initializer:
 
 
 # ---------------------------------------------------------------------- Layer
+class Inline(NamedTuple):
+    """How a Sequential's straight-line plan may write out a layer's call instead of
+    calling it (``Layer.plan_inline``): ``expr`` formatted with the params variable
+    ``p`` and the input variable ``x``, the ``names`` it uses, and ``keeps_lead``: the
+    output keeps the input's leading dims. ``call`` is the ``__call__`` it writes out (a
+    subclass that overrides ``__call__`` is called, not inlined)."""
+
+    call: Callable
+    expr: str
+    names: dict
+    keeps_lead: bool
+
+
 class Layer:
     """Base class of the pure layers: frozen dataclasses of static config.
 
@@ -111,6 +124,7 @@ class Layer:
     """
 
     random: ClassVar[bool] = False
+    plan_inline: ClassVar[Inline | None] = None  # see Inline
 
     def _specs(self) -> dict[str, Any]:
         """Nested dict ``name -> ParamSpec`` in ``state_dict()`` order; ``{}`` if none."""

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from .._td import TensorDict
 from .._td import _dtensor as _dt
-from ._base import Layer, ParamSpec, fan_in_bound, uniform
+from ._base import Inline, Layer, ParamSpec, fan_in_bound, uniform
 
 __all__ = ["Bilinear", "Flatten", "Identity", "Linear", "Unflatten"]
 
@@ -54,6 +54,16 @@ class Linear(Layer):
             # keeps the size-1 dim; go through a batch of one instead
             return F.linear(x.unsqueeze(0), w, d.get("bias")).squeeze(0)
         return F.linear(x, w, d.get("bias"))
+
+
+# The plan writes Linear's call out (its DTensor branch is not needed there: DTensor
+# params are placed by the params check and take the loop, never the inline line).
+Linear.plan_inline = Inline(
+    Linear.__call__,
+    "F_linear({x}, {p}._data['weight'], {p}._data.get('bias'))",
+    {"F_linear": F.linear},
+    True,
+)
 
 
 @dataclasses.dataclass(frozen=True)
