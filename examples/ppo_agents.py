@@ -58,36 +58,8 @@ def _load_cartpole():
 cp = _load_cartpole()
 
 
-# ---------------------------------------------------------------- loop primitives
-def _python_scan(f, init, xs=None, length=None, reverse=False):
-    """jax.lax.scan's semantics as a Python loop (the stand-in until fd.scan lands)."""
-    if xs is None:
-        if length is None:
-            raise ValueError("scan: give xs or length.")
-        n = length
-    else:
-        n = fd.tree.leaves(xs)[0].shape[0]
-    carry, ys = init, []
-    for i in reversed(range(n)) if reverse else range(n):
-        carry, y = f(carry, None if xs is None else fd.tree.map(lambda leaf, i=i: leaf[i], xs))
-        ys.append(y)
-    if reverse:
-        ys.reverse()
-    if not ys or ys[0] is None:
-        return carry, None
-    return carry, fd.tree.map(lambda *leaves: torch.stack(leaves), *ys)
-
-
-def _python_fori_loop(lo, hi, body, init):
-    """jax.lax.fori_loop's semantics as a Python loop (the stand-in until fd.fori_loop lands)."""
-    carry = init
-    for i in range(lo, hi):
-        carry = body(i, carry)
-    return carry
-
-
-scan = getattr(fd, "scan", None) or _python_scan
-fori_loop = getattr(fd, "fori_loop", None) or _python_fori_loop
+scan = fd.scan
+fori_loop = fd.fori_loop
 
 
 # ---------------------------------------------------------------- configuration
