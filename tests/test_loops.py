@@ -286,3 +286,21 @@ def test_torch_compile_one_graph_and_equal_eager():
     assert_close(out, vm(p, hb, xb), rtol=1e-12, atol=1e-12)
     g = torch.compile(fd.grad(_loss), backend="aot_eager", fullgraph=True)(p, h0, xs[:8])
     assert_close(g, torch.func.grad(_loss_loop)(p, h0, xs[:8]), rtol=1e-6, atol=1e-6)
+
+
+def test_jit_fx_carry_holding_one_tensor_twice_and_size_one_dims_under_vmap():
+    # a tree may hold one tensor twice (torch's op refuses aliasing inputs), and a
+    # vmapped carry with a size-1 dim has odd strides (the op compares them in and out)
+    def run(c0, xs):
+        def step(c, x):
+            a, b, m = c
+            return (a + x, b * 2, m + x.unsqueeze(0)), a.sum()
+
+        return fd.scan(step, (c0, c0, c0.reshape(1, -1)), xs)
+
+    c0, xs = torch.randn(3, dtype=D), torch.randn(5, 3, dtype=D)
+    ref = run(c0, xs)
+    assert_close(fd.jit(run, backend="fx")(c0, xs), ref, rtol=1e-12, atol=1e-12)
+    cb, xb = torch.randn(2, 3, dtype=D), torch.randn(2, 5, 3, dtype=D)
+    vm = fd.vmap(run)
+    assert_close(fd.jit(vm, backend="fx")(cb, xb), vm(cb, xb), rtol=1e-12, atol=1e-12)

@@ -97,7 +97,9 @@ def _bdim_last(t: Tensor) -> Tensor:
         return t
     level, bdim = _F.maybe_get_level(t), _F.maybe_get_bdim(t)
     inner = _bdim_last(_F.get_unwrapped(t))
-    inner = inner.movedim(bdim, -1).contiguous()
+    # a fresh tensor with the canonical strides (``.contiguous()`` keeps odd strides of
+    # size-1 dims, which the op compares between the carry in and out)
+    inner = inner.movedim(bdim, -1).clone(memory_format=torch.contiguous_format)
     return _F._add_batch_dim(inner, inner.ndim - 1, level)
 
 
@@ -146,7 +148,9 @@ def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     body = _body(f, init_leaves, init_spec, xs_spec, box)
     graph = tracer.fx_tracer.graph
     before = _scan_nodes(graph)
-    init_leaves = [_bdim_last(v) for v in init_leaves]
+    # fresh carries: the op refuses inputs that alias each other (a tree may hold one
+    # tensor twice), and a copy per loop (not per step) costs nothing that matters
+    init_leaves = [_bdim_last(v.clone()) for v in init_leaves]
     out = scan_op(body, list(init_leaves), _inputs(init_leaves, xs_leaves, n, reverse), ())
     new = [m for m in _scan_nodes(graph) if m not in before]
     for node in new:
