@@ -2,7 +2,7 @@
 
 One agent's whole training run is a pure function ``train(key, lr) -> (params, metrics)``
 (PureJaxRL's design): the update loop, the rollout and the minibatch epochs are written
-with ``scan``/``fori_loop``, the environment is the pure CartPole of
+with ``fd.scan``, the environment is the pure CartPole of
 ``examples/cartpole.py``, randomness comes from explicit ``fd.random`` keys, and the
 optimizer is ``fd.optim`` (Adam after ``clip_by_global_norm``; the learning rate lives in
 the optimizer state through ``inject_hyperparams``, so each agent may have its own). N
@@ -58,8 +58,7 @@ def _load_cartpole():
 cp = _load_cartpole()
 
 
-scan = fd.scan
-fori_loop = fd.fori_loop
+scan = fd.scan  # jax.lax.scan semantics; under fd.jit one loop op
 
 
 # ---------------------------------------------------------------- configuration
@@ -323,15 +322,14 @@ def learn(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
     runner, minibatches, metrics = prepare(runner, traj, cfg)
     step = functools.partial(minibatch_step, cfg=cfg)
 
-    def epoch(i, carry):
-        params, opt_state, _ = carry
-        (params, opt_state), losses = scan(step, (params, opt_state), minibatches[i])
-        return params, opt_state, losses.mean()
+    def epoch(carry, epoch_minibatches):  # a scan over the epochs' minibatches
+        carry, losses = scan(step, carry, epoch_minibatches)
+        return carry, losses.mean()
 
-    init = (runner["params"], runner["opt_state"], torch.zeros((), dtype=cfg.dtype))
-    params, opt_state, value_loss = fori_loop(0, cfg.epochs, epoch, init)
+    init = (runner["params"], runner["opt_state"])
+    (params, opt_state), losses = scan(epoch, init, minibatches)
     new = dict(runner, params=params, opt_state=opt_state)
-    return new, dict(metrics, value_loss=value_loss)
+    return new, dict(metrics, value_loss=losses[-1])
 
 
 def update(runner: dict[str, Any], cfg: Config):
