@@ -81,12 +81,20 @@ def _body(f, init_leaves, init_spec, xs_spec, box: list | None):
         if box is None:  # dynamo
             return [v.clone() for v in c] + [v.clone() for v in ys]
         box.append(spec)
-        return [_bdim_last(v.clone()) for v in c] + [v.clone() for v in ys]
+        return [_bdim_last(_canonical(v)) for v in c] + [_canonical(v) for v in ys]
 
     return body
 
 
 _F = torch._C._functorch
+_CONTIGUOUS = torch.contiguous_format
+
+
+def _canonical(t: Tensor) -> Tensor:
+    """A copy with canonical strides: the op (and inductor's lowering of it) compares
+    the strides of each carry in and out, size-1 dims included, and a plain clone keeps
+    whatever layout a transpose left."""
+    return t.clone(memory_format=_CONTIGUOUS)
 
 
 def _bdim_last(t: Tensor) -> Tensor:
@@ -150,7 +158,7 @@ def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     before = _scan_nodes(graph)
     # fresh carries: the op refuses inputs that alias each other (a tree may hold one
     # tensor twice), and a copy per loop (not per step) costs nothing that matters
-    init_leaves = [_bdim_last(v.clone()) for v in init_leaves]
+    init_leaves = [_bdim_last(_canonical(v)) for v in init_leaves]
     out = scan_op(body, list(init_leaves), _inputs(init_leaves, xs_leaves, n, reverse), ())
     new = [m for m in _scan_nodes(graph) if m not in before]
     for node in new:
