@@ -16,7 +16,7 @@ checks the result: params after 10 float64 Adam steps against DDP's; "target"
 is the goal for the step rows (functd within 1.1x of DDP). Two indented rows
 break the step down: the local step without any collective (functd's step with
 plain ``adam`` against ``nn`` + ``torch.optim.Adam`` without DDP) and
-``pmean().update`` alone against one bare ``dist.all_reduce`` of a flat buffer
+``mean_updates().update`` alone against one bare ``dist.all_reduce`` of a flat buffer
 divided in place (the floor every data-parallel step pays). The last
 row is the cost of the cross-rank structure check if it ran on every call
 (``all_reduce(grads, check=True)`` against the default ``check="first"``).
@@ -104,7 +104,7 @@ def slowest(seconds: float) -> float:
 
 
 def local_pair(sizes, x, y):
-    """functd's step without pmean and nn + Adam without DDP (no collective)."""
+    """functd's step without mean_updates and nn + Adam without DDP (no collective)."""
     net = make_net(sizes)
     model = fd.Module(net, in_keys=["x"], out_keys=["y"])
 
@@ -179,7 +179,7 @@ def worker(rank: int, port: int, queue) -> None:
         # the break-down: the local step (no collective) and the all-reduce alone
         local, net, lopt = local_pair(sizes, x, y)
         f, d, ratio, cpu, iqr = compare(local, partial(run_ddp, net, lopt, x, y, STEPS))
-        rows.append([name, "  local step (no pmean)", "nn + Adam (no DDP)", f, d, ratio, iqr, cpu])
+        rows.append([name, "  local step (no mean_updates)", "nn + Adam (no DDP)", f, d, ratio, iqr, cpu])
         grads, pm = box[0][0], fd.distributed.mean_updates()
         pstate = pm.init(grads)
         flat = torch._utils._flatten_dense_tensors(fd.tree.leaves(grads))
@@ -193,7 +193,7 @@ def worker(rank: int, port: int, queue) -> None:
                 dist.all_reduce(flat.div_(WORLD))
 
         f, d, ratio, cpu, iqr = compare(pmean_only, bare)
-        rows.append([name, "  pmean().update", "all_reduce(one buffer)", f, d, ratio, iqr, cpu])
+        rows.append([name, "  mean_updates().update", "all_reduce(one buffer)", f, d, ratio, iqr, cpu])
         state = box[0]
 
     # the cost of the cross-rank structure check when it runs on every call

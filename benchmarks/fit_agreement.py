@@ -5,7 +5,7 @@ the first one (one ``all_gather`` of 2 int64); when a rank's batches have no
 ``len()``, each step also asks the store whether a rank has run out (one TCP
 round trip to the store) and the epoch ends with a second ``all_gather``. The
 rows: ``fit`` over ``EPOCHS`` epochs of ``EPOCH_STEPS`` steps (the small MLP
-of benchmarks/data_parallel.py, batch 64, ``pmean`` + Adam, float32) with a
+of benchmarks/data_parallel.py, batch 64, ``mean_updates`` + Adam, float32) with a
 list of batches and with a generator, each against a hand-written loop doing
 the same (the broadcast of the params at the start, the same steps, keys,
 sharding and end-of-epoch metrics all-reduce, without the agreements), in
@@ -13,7 +13,7 @@ interleaved rounds; a round's time is the slower rank's; "ms" is per epoch;
 the ratio is the median of the rounds' paired ratios. Then the pieces
 alone: the agreement's ``all_gather`` and the store's ``add``, per call, and
 an epoch of steps with a store ``add`` before each against the steps alone
-(what a no-len epoch would pay without the flag riding in ``pmean``'s buffer).
+(what a no-len epoch would pay without the flag riding in ``mean_updates``'s buffer).
 
 Run: ``python benchmarks/fit_agreement.py`` (starts its 2 processes itself, on
 127.0.0.1). ``BENCH_ROUNDS`` changes the rounds.
@@ -152,7 +152,7 @@ def worker(rank: int, port: int, queue) -> None:
             times.append(slowest(time.perf_counter() - t0) / per)
         rows.append([name, "", round(statistics.median(times) * 1e3, 3), "", ""])
     # a store round trip between steps (what a step of a no-len epoch pays when its
-    # flag cannot ride in pmean's buffer) against the steps alone
+    # flag cannot ride in mean_updates' buffer) against the steps alone
     b0 = fd.distributed.shard_batch(batches[0])
 
     def steps():
