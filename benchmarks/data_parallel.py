@@ -179,7 +179,9 @@ def worker(rank: int, port: int, queue) -> None:
         # the break-down: the local step (no collective) and the all-reduce alone
         local, net, lopt = local_pair(sizes, x, y)
         f, d, ratio, cpu, iqr = compare(local, partial(run_ddp, net, lopt, x, y, STEPS))
-        rows.append([name, "  local step (no mean_updates)", "nn + Adam (no DDP)", f, d, ratio, iqr, cpu])
+        rows.append(
+            [name, "  local step (no mean_updates)", "nn + Adam (no DDP)", f, d, ratio, iqr, cpu]
+        )
         grads, pm = box[0][0], fd.distributed.mean_updates()
         pstate = pm.init(grads)
         flat = torch._utils._flatten_dense_tensors(fd.tree.leaves(grads))
@@ -193,7 +195,9 @@ def worker(rank: int, port: int, queue) -> None:
                 dist.all_reduce(flat.div_(WORLD))
 
         f, d, ratio, cpu, iqr = compare(pmean_only, bare)
-        rows.append([name, "  mean_updates().update", "all_reduce(one buffer)", f, d, ratio, iqr, cpu])
+        rows.append(
+            [name, "  mean_updates().update", "all_reduce(one buffer)", f, d, ratio, iqr, cpu]
+        )
         state = box[0]
 
     # the cost of the cross-rank structure check when it runs on every call
