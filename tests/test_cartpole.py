@@ -4,31 +4,16 @@ Gymnasium (the dev extra) is the reference nobody here wrote: its env is put in 
 states (``env.unwrapped.state``), stepped, and compared with ``cartpole.step`` in float64.
 """
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 import torch
 
 import functd as fd
+from tests.example_modules import load_example
 
-PATH = pathlib.Path(__file__).parents[1] / "examples" / "cartpole.py"
-
-
-def _load():
-    mod = sys.modules.get("cartpole_example")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("cartpole_example", PATH)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["cartpole_example"] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
-cp = _load()
+cp = load_example("cartpole")
 F64 = torch.float64
 
 

@@ -5,32 +5,17 @@ here, the loss against its formula on plain torch ops and torch.distributions, a
 independence by running agent 0 alone and inside a batch of 3 (float64).
 """
 
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import pytest
 import torch
 from torch import distributions as D
 
 import functd as fd
+from tests.example_modules import load_example
 
-PATH = pathlib.Path(__file__).parents[1] / "examples" / "ppo_agents.py"
-
-
-def _load():
-    mod = sys.modules.get("ppo_agents_example")
-    if mod is None:
-        spec = importlib.util.spec_from_file_location("ppo_agents_example", PATH)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules["ppo_agents_example"] = mod
-        spec.loader.exec_module(mod)
-    return mod
-
-
-P = _load()
+P = load_example("ppo_agents")
 F64 = torch.float64
 # two updates of 4 envs x 16 steps, 2 epochs of 2 minibatches: seconds, not minutes
 TINY = P.Config(steps=128, num_steps=16, epochs=2, minibatches=2, dtype=F64)
