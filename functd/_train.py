@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import random as fr
 from ._checkpoint import Checkpoints, run_fingerprint
-from ._td import TensorDict, _new
+from ._td import TensorDict, from_parts
 from ._td._shape import cat, stack
 from ._transforms._autodiff import loss_and_grad
 from .distributed._dcp import ShardedStore, holds_dtensors
@@ -46,7 +46,7 @@ Step = Callable[[TensorDict, TensorDict, Any, Any], tuple[TensorDict, TensorDict
 
 def _metrics(where: str, loss: Tensor, aux: Any) -> TensorDict:
     if type(aux) is dict and not aux:  # a loss_fn without aux (the common case)
-        return _new({"loss": loss.detach()}, _SCALAR)
+        return from_parts({"loss": loss.detach()}, _SCALAR)
     entries: dict[str, Any] = {"loss": loss.detach()}
     if isinstance(aux, TensorDict | Mapping):
         items = aux.items() if isinstance(aux, Mapping) else aux._data.items()

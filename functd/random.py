@@ -43,16 +43,16 @@ import torch
 from torch import Size, Tensor
 
 from . import _fused
-from ._erfinv import _erfinv32, _sqrt2_erfinv
+from ._eager import plain_tensor as _inplace_ok  # the eager in-place fast path may run
+from ._erfinv import erfinv32, sqrt2_erfinv
 from ._threefry import (
-    _M32,
-    _hash,
-    _hash_py,
-    _inplace_ok,
-    _random_bits,
-    _small_ok,
-    _threefry2x32,
-    _to_i32,
+    MASK32,
+    hash_counters,
+    hash_small,
+    hash_small_ok,
+    random_bits,
+    threefry2x32,
+    to_i32,
 )
 
 __all__ = [
@@ -170,12 +170,12 @@ def key(seed: int | Tensor, *, device: torch.device | str | None = None) -> Tens
             raise TypeError(f"key: `seed` must be an integer tensor, got dtype {seed.dtype}.")
         wide = seed.element_size() == 8  # narrower seeds get a zero high word, like jax
         s = seed.view(torch.int64) if wide else seed.to(torch.int64)
-        return torch.stack([_to_i32(s >> 32 if wide else s * 0), _to_i32(s)], dim=-1)
+        return torch.stack([to_i32(s >> 32 if wide else s * 0), to_i32(s)], dim=-1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"key: `seed` must be an int or an integer tensor, got {seed!r}.")
     if not _MIN64 <= seed <= _MAX64:
         raise ValueError(f"key: `seed` must lie in [-2**63, 2**63) (int64), got {seed}.")
-    return _to_i32(torch.tensor([seed >> 32, seed], dtype=torch.int64, device=device))
+    return to_i32(torch.tensor([seed >> 32, seed], dtype=torch.int64, device=device))
 
 
 _seed_key = key  # (as_key takes an argument named key)
@@ -222,7 +222,7 @@ def split(key: Tensor, num: int = 2) -> Tensor:
     else:
         shape = _check_shape("split", num, "num")
     out = _fused.run(_fused.MODE_PAIRS, key, shape, torch.int32)
-    return torch.stack(_hash(key, shape), dim=-1) if out is None else out
+    return torch.stack(hash_counters(key, shape), dim=-1) if out is None else out
 
 
 def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
@@ -242,20 +242,20 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
     if isinstance(data, Tensor):
         if not _is_int(data):
             raise TypeError(f"fold_in: `data` must be an integer tensor, got dtype {data.dtype}.")
-        d = (data if data.dtype == torch.int32 else _to_i32(data.to(torch.int64))).to(key.device)
+        d = (data if data.dtype == torch.int32 else to_i32(data.to(torch.int64))).to(key.device)
         if (out := _fused.fold(key, d)) is not None:
             return out
     elif isinstance(data, bool) or not isinstance(data, int):
         raise TypeError(f"fold_in: `data` must be an int or an integer tensor, got {data!r}.")
-    elif not 0 <= data <= _M32:
+    elif not 0 <= data <= MASK32:
         raise ValueError(f"fold_in: `data` must be in [0, 2**32), got {data}; use data % 2**32.")
     elif (out := _fused.run(_fused.MODE_PAIRS, key, (), torch.int32, first=data)) is not None:
         return out
-    elif _small_ok(key, 1):
-        return torch.stack(_hash_py(key, [data], ()), dim=-1)
+    elif hash_small_ok(key, 1):
+        return torch.stack(hash_small(key, [data], ()), dim=-1)
     else:
-        d = _to_i32(torch.tensor(data, dtype=torch.int64, device=key.device))
-    b0, b1 = torch.broadcast_tensors(*_threefry2x32(key[..., 0], key[..., 1], None, d))
+        d = to_i32(torch.tensor(data, dtype=torch.int64, device=key.device))
+    b0, b1 = torch.broadcast_tensors(*threefry2x32(key[..., 0], key[..., 1], None, d))
     return torch.stack([b0, b1], dim=-1)
 
 
@@ -278,7 +278,7 @@ def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Te
     if dtype not in _BITS:
         raise TypeError(f"bits: `dtype` must be an 8/16/32/64-bit integer dtype, got {dtype}.")
     width, signed = _BITS[dtype]
-    out = _random_bits(key, width, shape)
+    out = random_bits(key, width, shape)
     if width < 32:
         out = ((out ^ (1 << (width - 1))) - (1 << (width - 1))).to(signed)
     return out if dtype == signed else out.view(dtype)
@@ -294,16 +294,16 @@ def _unit(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         if out is not None:
             return out
     if nbits == 32:
-        b = _random_bits(key, 32, shape)
+        b = random_bits(key, 32, shape)
         if _inplace_ok(b):
             b.bitwise_right_shift_(9).bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)
             return b.view(torch.float32).sub_(1.0)
         b = ((b >> 9) & 0x7FFFFF) | 0x3F800000
     elif nbits == 64:
-        b = ((_random_bits(key, 64, shape) >> 12) & ((1 << 52) - 1)) | 0x3FF0000000000000
+        b = ((random_bits(key, 64, shape) >> 12) & ((1 << 52) - 1)) | 0x3FF0000000000000
     else:  # bfloat16 (7 mantissa bits) uses 8 random bits, like jax
         rng_bits, one = (8, 0x3F80) if dtype == torch.bfloat16 else (16, 0x3C00)
-        b = ((_random_bits(key, rng_bits, shape) >> (rng_bits - nmant)) | one).to(itype)
+        b = ((random_bits(key, rng_bits, shape) >> (rng_bits - nmant)) | one).to(itype)
     return b.view(dtype) - 1.0
 
 
@@ -415,10 +415,10 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
         # eager fast path: the same float32 ops with constants as Python floats
         # (nextafter(-1, 0) and 1 - nextafter(-1, 0) == 2 are exact in float32)
         u.mul_(2.0).add_(_NEXT_M1).clamp_min_(_NEXT_M1)
-        return _erfinv32(u).mul_(_SQRT2_32)
+        return erfinv32(u).mul_(_SQRT2_32)
     one = torch.tensor(1.0, dtype=dtype, device=key.device)
     lo = torch.nextafter(-one, torch.zeros_like(one))
-    return _sqrt2_erfinv(_scaled(u, lo, one, exact=True), dtype)
+    return sqrt2_erfinv(_scaled(u, lo, one, exact=True), dtype)
 
 
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
@@ -505,7 +505,7 @@ def truncated_normal(
     _check_broadcast("truncated_normal", shape, lo.shape, hi.shape)
     sqrt2 = torch.tensor(math.sqrt(2.0), dtype=dtype, device=key.device)
     a, b = torch.erf(lo / sqrt2), torch.erf(hi / sqrt2)
-    out = _sqrt2_erfinv(_scaled(_unit(key, shape, dtype), a, b), dtype)
+    out = sqrt2_erfinv(_scaled(_unit(key, shape, dtype), a, b), dtype)
     inf = torch.tensor(math.inf, dtype=dtype, device=key.device)
     return torch.clamp(out, torch.nextafter(lo, inf), torch.nextafter(hi, -inf))
 
@@ -631,23 +631,23 @@ def randint(
     _check_broadcast("randint", shape, lo.shape, hi.shape)
     info, nbits = torch.iinfo(dtype), 64 if dtype == torch.int64 else 32
     if info.bits < 32:  # like jax: astype(int32), then clip (maxval up to max + 1)
-        lo = _to_i32(lo).to(torch.int64).clamp(info.min, info.max)
-        hi = _to_i32(hi).to(torch.int64).clamp(info.min, info.max + 1)
+        lo = to_i32(lo).to(torch.int64).clamp(info.min, info.max)
+        hi = to_i32(hi).to(torch.int64).clamp(info.min, info.max + 1)
     mask, oor = -1, torch.zeros_like(hi, dtype=torch.bool)
     if nbits == 32:  # maxval beyond int32: the span is one larger
-        mask, oor = _M32, hi > _MAX32
+        mask, oor = MASK32, hi > _MAX32
         lo, hi = lo.clamp(_MIN32, _MAX32), hi.clamp(_MIN32, _MAX32)
     span = torch.where(hi <= lo, 1, (hi - lo) & mask)  # 64-bit: wrapping = uint64 diff
     span = torch.where(oor & (hi > lo), (span + 1) & mask, span)
     mult = _urem(torch.full_like(span, 1 << (nbits // 2)), span, nbits)  # 2**nbits % span
     mult = _urem((mult * mult) & mask, span, nbits)  # int64 products wrap like uint64
     k = split(key)
-    high, low = (_random_bits(k[..., i, :], nbits, shape) for i in (0, 1))
+    high, low = (random_bits(k[..., i, :], nbits, shape) for i in (0, 1))
     if nbits == 32:
-        high, low = high.to(torch.int64) & _M32, low.to(torch.int64) & _M32
+        high, low = high.to(torch.int64) & MASK32, low.to(torch.int64) & MASK32
     off = (_urem(high, span, nbits) * mult + _urem(low, span, nbits)) & mask
     out = lo + _urem(off, span, nbits)
-    return (_to_i32(out) if nbits == 32 else out).to(dtype)
+    return (to_i32(out) if nbits == 32 else out).to(dtype)
 
 
 def _shuffle(key: Tensor, x: Tensor, axis: int) -> Tensor:
@@ -660,7 +660,7 @@ def _shuffle(key: Tensor, x: Tensor, axis: int) -> Tensor:
     for _ in range(rounds):
         k = split(key)
         key = k[..., 0, :]
-        sort_keys = _random_bits(k[..., 1, :], 32, shape) ^ _MIN32  # uint32 order as int32 order
+        sort_keys = random_bits(k[..., 1, :], 32, shape) ^ _MIN32  # uint32 order as int32 order
         x = torch.take_along_dim(x, torch.sort(sort_keys, dim=dim, stable=True).indices, dim=dim)
     return x
 
