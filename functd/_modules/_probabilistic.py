@@ -10,7 +10,7 @@ travels in the call options, which only the probabilistic kinds read. Heads are
 pure: randomness comes from the call's ``key`` (a head at position ``i`` of a
 sequence gets ``fold_in(key, i)``). A head over ``fd.CompositeDistribution``
 writes one value per component; a head's ``num_samples`` makes the call the
-one-sample call vmapped over split keys (see ``functd/_composite.py``).
+one-sample call vmapped over split keys (see ``functd/_modules/_composite.py``).
 
 Example:
     >>> policy = fd.ProbabilisticSequential(

@@ -1,7 +1,7 @@
 """The TensorDict layer: the frozen container, its shape ops, repr, pytree and files.
 
-Everything here imports only ``functd._errors`` and ``functd.random``'s kernels below
-it; modules, transforms and optimizers reach the container through this package.
+Everything here imports only ``functd._errors`` below it; modules, transforms and
+optimizers reach the container through this package.
 
 Example:
     >>> from functd._td import TensorDict

@@ -5,7 +5,7 @@ placements are those of the first rule whose glob matches the leaf's dotted path
 (the PartitionSpec idea of JAX). ``gather(params)`` turns every DTensor leaf back
 into a plain tensor holding the full value (``full_tensor()``). DTensor params
 work wherever plain ones do: module calls replicate plain-tensor inputs on the
-params' mesh (see ``functd/_dtensor.py``), ``fd.grad`` gives DTensor grads with
+params' mesh (see ``functd/_td/_dtensor.py``), ``fd.grad`` gives DTensor grads with
 the params' placements, and the optimizers update them leaf by leaf.
 
 Example:
