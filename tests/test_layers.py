@@ -51,6 +51,7 @@ def room(mod: str) -> str:
     sub = parts[1] if len(parts) > 1 else ""
     return {
         "random": "random",
+        "_bits_to_numbers": "random",
         "_td": "td",
         "nn": "nn",
         "_transforms": "transforms",
