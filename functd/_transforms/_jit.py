@@ -565,16 +565,25 @@ def jit(
         >>> jblock.cache_size()
         1
     """
-    opts = dict(
-        static_argnums=static_argnums,
-        donate_argnums=donate_argnums,
-        dynamic=dynamic,
-        cache_size=cache_size,
-        backend=backend,
-        cuda_graph=cuda_graph,
-    )
+    kw: dict[str, Any] = {"static_argnums": static_argnums, "donate_argnums": donate_argnums}
+    kw.update(dynamic=dynamic, cache_size=cache_size, backend=backend, cuda_graph=cuda_graph)
     if f is None:
-        return functools.partial(jit, **opts)  # type: ignore[arg-type]
+        return functools.partial(jit, **kw)
+    static, donate = _checked(f, static_argnums, donate_argnums, dynamic, cache_size, backend)
+    if not cuda_graph:
+        return _Jitted(f, static, donate, dynamic, cache_size, backend)
+    return _graphed_jit(f, static, donate, dynamic, cache_size, backend)
+
+
+def _checked(
+    f: Any,
+    static_argnums: int | Sequence[int],
+    donate_argnums: int | Sequence[int],
+    dynamic: bool | None,
+    cache_size: int,
+    backend: str,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``jit``'s arguments checked: ``(static, donate)``, the sorted argument numbers."""
     if not callable(f):
         raise TypeError(f"fd.jit(f) takes a function, got a {type(f).__name__}.")
     static, donate = (
@@ -592,8 +601,18 @@ def jit(
         raise ValueError(f"fd.jit: cache_size must be an int >= 1, got {cache_size!r}.")
     if backend not in _BACKENDS:
         raise ValueError(f"fd.jit: backend must be one of {_BACKENDS}, got {backend!r}.")
-    if not cuda_graph:
-        return _Jitted(f, static, donate, dynamic, cache_size, backend)
+    return static, donate
+
+
+def _graphed_jit(
+    f: Callable,
+    static: tuple[int, ...],
+    donate: tuple[int, ...],
+    dynamic: bool | None,
+    cache_size: int,
+    backend: str,
+) -> _GraphedJit:
+    """``jit(f, cuda_graph=True)``: the jitted call inside ``fd.cuda_graph``'s replayer."""
     out = _GraphedJit(f, static, donate, dynamic, cache_size, backend)
     g = _Graphed(functools.partial(_Jitted.__call__, out), 2, True, cache_size, _CudaRecorder())
     g._label = f"jit({out._fname()}, cuda_graph=True)"
