@@ -490,6 +490,14 @@ class _GraphedJit(_Jitted):
     """``jit(f, cuda_graph=True)``: ``fd.cuda_graph``'s wrapper around the jitted call
     (it warms up, records and replays the compiled code per signature)."""
 
+    def __init__(self, *args: Any) -> None:  # _Jitted's arguments
+        super().__init__(*args)
+        call = functools.partial(_Jitted.__call__, self)
+        g = _Graphed(call, 2, True, self._maxsize, _CudaRecorder())
+        g._label = f"jit({self._fname()}, cuda_graph=True)"
+        g._fallback = "the compiled function runs without a CUDA graph"
+        self._graphed = g
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _is_dynamo() or _compiler._is_compiling_flag:
             return self._f(*args, **kwargs)
@@ -570,9 +578,8 @@ def jit(
     if f is None:
         return functools.partial(jit, **kw)
     static, donate = _checked(f, static_argnums, donate_argnums, dynamic, cache_size, backend)
-    if not cuda_graph:
-        return _Jitted(f, static, donate, dynamic, cache_size, backend)
-    return _graphed_jit(f, static, donate, dynamic, cache_size, backend)
+    cls = _GraphedJit if cuda_graph else _Jitted
+    return cls(f, static, donate, dynamic, cache_size, backend)
 
 
 def _checked(
@@ -602,23 +609,6 @@ def _checked(
     if backend not in _BACKENDS:
         raise ValueError(f"fd.jit: backend must be one of {_BACKENDS}, got {backend!r}.")
     return static, donate
-
-
-def _graphed_jit(
-    f: Callable,
-    static: tuple[int, ...],
-    donate: tuple[int, ...],
-    dynamic: bool | None,
-    cache_size: int,
-    backend: str,
-) -> _GraphedJit:
-    """``jit(f, cuda_graph=True)``: the jitted call inside ``fd.cuda_graph``'s replayer."""
-    out = _GraphedJit(f, static, donate, dynamic, cache_size, backend)
-    g = _Graphed(functools.partial(_Jitted.__call__, out), 2, True, cache_size, _CudaRecorder())
-    g._label = f"jit({out._fname()}, cuda_graph=True)"
-    g._fallback = "the compiled function runs without a CUDA graph"
-    out._graphed = g
-    return out
 
 
 def _argnums(what: str, v: int | Sequence[int]) -> tuple[int, ...]:
