@@ -48,7 +48,7 @@ from typing import Any
 import torch
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _new
+from .._td import Key, TensorDict, from_parts
 from ..random import as_key, fold_in
 from ._keys import key_diff
 
@@ -62,7 +62,7 @@ _EMPTY = None
 def _empty_params() -> TensorDict:
     global _EMPTY
     if _EMPTY is None:
-        _EMPTY = _new({}, torch.Size([]))
+        _EMPTY = from_parts({}, torch.Size([]))
     return _EMPTY
 
 
@@ -206,7 +206,7 @@ class ModuleKind(Frozen):
             if c.has_params:
                 idx = int(name) if name.isdigit() else i
                 data[name] = c.init(fold_in(key, idx), dtype=dtype, device=device)
-        return _new(data, torch.Size([]))
+        return from_parts(data, torch.Size([]))
 
     # ------------------------------------------------------------ call
     @property
@@ -272,7 +272,7 @@ def call_td(
         bad_td(m, params, td)
     data = dict(td._data)
     run(params, data, td._batch_size, opts)
-    return _new(data, td._batch_size)
+    return from_parts(data, td._batch_size)
 
 
 def apply_with_state(m: Any, params: Any, td: Any, opts: Options) -> tuple[TensorDict, TensorDict]:
@@ -282,8 +282,8 @@ def apply_with_state(m: Any, params: Any, td: Any, opts: Options) -> tuple[Tenso
     data = dict(td._data)
     state = m._run(params, data, td._batch_size, opts)
     if state is None:
-        state = _new({}, torch.Size([]))
-    return _new(data, td._batch_size), state
+        state = from_parts({}, torch.Size([]))
+    return from_parts(data, td._batch_size), state
 
 
 def _option_names(m: Any, call_kw: dict | None) -> None:

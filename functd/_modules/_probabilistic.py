@@ -10,7 +10,7 @@ travels in the call options, which only the probabilistic kinds read. Heads are
 pure: randomness comes from the call's ``key`` (a head at position ``i`` of a
 sequence gets ``fold_in(key, i)``). A head over ``fd.CompositeDistribution``
 writes one value per component; a head's ``num_samples`` makes the call the
-one-sample call vmapped over split keys (see ``functd/_composite.py``).
+one-sample call vmapped over split keys (see ``functd/_modules/_composite.py``).
 
 Example:
     >>> policy = fd.ProbabilisticSequential(
@@ -34,7 +34,7 @@ from torch import Tensor
 from torch import distributions as D
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _is_dynamo
+from .._td import Key, TensorDict, is_dynamo_compiling
 from . import _plan
 from ._call import (
     _NOPE,
@@ -116,7 +116,7 @@ class _Drawing:
                 lambda k: call_td(self, params, td, k, tensors, self._one, options(k, it)), ns, key
             )
         opts = None if key is None and it is None else Options(key, it)
-        if self._PLANNED and type(td) is TensorDict and not tensors and not _is_dynamo():
+        if self._PLANNED and type(td) is TensorDict and not tensors and not is_dynamo_compiling():
             out = _plan.run(self, params, td, opts)
             if out is not None:
                 return out

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _is_dynamo, _new
+from .._td import Key, TensorDict, from_parts, is_dynamo_compiling
 from ..random import fold_in
 from . import _plan
 from ._call import ModuleKind, Options, call_td, options, params_hint, positional_call
@@ -332,7 +332,7 @@ class SequenceKind(ModuleKind):
         if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
             return positional_call(self, params, (td, *args), key, tensors)
         opts = None if key is None else Options(key)
-        if type(td) is TensorDict and not tensors and not _is_dynamo():
+        if type(td) is TensorDict and not tensors and not is_dynamo_compiling():
             out = _plan.run(self, params, td, opts)  # the plan of td's layout
             if out is not None:
                 return out
@@ -368,7 +368,7 @@ class SequenceKind(ModuleKind):
             raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what=what))
         states = self._each_child(params, data, bs, opts)
         self._drop_unselected(data)
-        return _new(states, torch.Size([]))
+        return from_parts(states, torch.Size([]))
 
     def _each_child(
         self,
@@ -423,7 +423,7 @@ class SequenceKind(ModuleKind):
             return None
         states = self._each_child(params, data, bs, opts)
         self._drop_unselected(data)
-        return _new(states, torch.Size([])) if states else None
+        return from_parts(states, torch.Size([])) if states else None
 
     def _child_params(self, params: Any, pdata: dict | None, name: str, m: Any) -> TensorDict:
         """The params of child ``name`` (which has some); a clear error when absent."""
