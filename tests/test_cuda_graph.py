@@ -9,11 +9,11 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from conformance import ENTRIES, call, params_for
 
 import functd as fd
 from functd._transforms._cuda_graph import signature
 from functd.testing import assert_close
+from tests._support.conformance import ENTRIES, call, params_for
 
 
 def _block():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import functd as fd
-from tests.optim_cases import CASES, DT, data, grads, make_net
+from tests._support.optim_cases import CASES, DT, data, grads, make_net
 
 STEPS = 50
 RTOL = 1e-6

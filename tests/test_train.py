@@ -7,7 +7,7 @@ import torch
 
 import functd as fd
 from functd.testing import assert_close
-from tests.optim_cases import DT, data, forward, make_net
+from tests._support.optim_cases import DT, data, forward, make_net
 
 
 def loss_fn(p, batch, key):

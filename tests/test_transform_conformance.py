@@ -11,11 +11,11 @@ import copy
 
 import pytest
 import torch
-from conformance import ENTRIES, members, output, params_for
-from conformance import call as call_entry
 
 import functd as fd
 from functd.testing import assert_close
+from tests._support.conformance import ENTRIES, members, output, params_for
+from tests._support.conformance import call as call_entry
 
 NAMES = sorted(ENTRIES)
 KEY = fd.random.key(7)
