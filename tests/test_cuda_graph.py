@@ -315,6 +315,24 @@ def _batch(i, device="cpu"):
     ).to(device)
 
 
+def test_cuda_graph_warns_once_naming_the_changed_structure():
+    step = _faked(lambda td: td["x"] * 2, warmup=0)
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(fd.TensorDict({"x": x}, [2]))
+        step(fd.TensorDict({"x": x[:1]}, [1]))  # a new batch size: no warning
+    with pytest.warns(
+        fd.CudaGraphWarning,
+        match=r"structure of args\[0\] changed \(keys added: 'y'; removed: none\).*select",
+    ):
+        step(fd.TensorDict({"x": x, "y": x}, [2]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per wrapper
+        step(fd.TensorDict({"x": x, "z": x}, [2]))
+    assert step.cache_info().recordings == 4
+
+
 # ---------------------------------------------------------------- CUDA
 @pytest.mark.cuda
 def test_cuda_record_replay_equals_eager():
