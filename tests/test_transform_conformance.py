@@ -23,7 +23,7 @@ M = 3  # ensemble members
 
 
 def call(m, params, td):
-    """The output td (a stateful module's new state is checked in test_batchnorm.py)."""
+    """The output td (a stateful module's new state is checked in test_nn_batchnorm.py)."""
     return output(call_entry(m, params, td, KEY))
 
 

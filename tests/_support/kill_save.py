@@ -12,7 +12,7 @@ save runs to completion and must have removed every temporary file of the
 killed writers.
 
 Run: ``python tests/_support/kill_save.py --kills 60 --mb 8 [--seed 0] [--path P]``; prints
-a JSON summary (tests/test_files_atomic.py runs 10 kills of 4 MB).
+a JSON summary (tests/test_io_atomic.py runs 10 kills of 4 MB).
 """
 
 from __future__ import annotations
