@@ -43,7 +43,7 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m mypy
 
-# mypy over functd/ (config: [tool.mypy] in pyproject.toml; notes/typing.md)
+# mypy over functd/ (config: [tool.mypy] in pyproject.toml; notes/docs.md, "Types")
 typecheck: $(STAMP)
 	$(BIN)/python -m mypy
 

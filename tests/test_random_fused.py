@@ -13,13 +13,13 @@ import threading
 import warnings
 
 import pytest
-import random_cases
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import functd.random as fr
 from functd import _fused
+from tests._support import random_cases
 
 SAMPLERS = {**random_cases.SAMPLERS, **random_cases.FUSED_EXTRA}
 
