@@ -351,3 +351,23 @@ def test_jit_fx_tensordict_indexed_by_the_loop_index():
     for fn in (f, g):
         j = fd.jit(fn, backend="fx")
         assert_close(j(td), fn(td), rtol=1e-12, atol=1e-12)
+
+
+_W = torch.randn(3, 3, dtype=D)
+
+
+@pytest.mark.compile
+def test_jit_inductor_closure_over_a_plain_tensor_outside_and_inside_the_loop():
+    # a tensor the function closes over is a constant of the graph: inductor's C++ shim
+    # passes constants after the inputs (fd.jit's direct entry skipped that: a crash),
+    # and a constant inside a loop body does not compile (fd.scan lifts it to an input)
+    def roll(h0, xs):
+        def step(h, x):
+            h = torch.tanh(h @ _W + x)
+            return h, h.sum()
+
+        h, ys = fd.scan(step, h0 @ _W, xs)
+        return h, ys
+
+    h0, xs = torch.randn(3, dtype=D), torch.randn(6, 3, dtype=D)
+    assert_close(fd.jit(roll)(h0, xs), roll(h0, xs), rtol=1e-10, atol=1e-10)

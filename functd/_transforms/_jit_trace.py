@@ -418,7 +418,12 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
     }
     with _tracing(), inductor_config.patch(options):
         compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
-    return _direct(compiled.current_callable), getattr(compiled, "source_code", None)  # type: ignore[attr-defined]
+    run = compiled.current_callable  # type: ignore[attr-defined]
+    # inductor's C++ shim appends the graph's tensor constants to the inputs: only a
+    # graph without constants may skip it (else the entry reads past its inputs)
+    if not gm.graph.find_nodes(op="get_attr"):
+        run = _direct(run)
+    return run, getattr(compiled, "source_code", None)
 
 
 class Direct:

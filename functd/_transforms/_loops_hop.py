@@ -200,7 +200,9 @@ def _scan_nodes(graph: torch.fx.Graph) -> list:
 def _lift(fx_tracer: Any, node: Any) -> None:
     """Make the traced tensors that ``node``'s subgraph reads as constants inputs of
     the op (``additional_inputs``); constants of loops nested in it first move up
-    into it. A real tensor constant (not traced) stays a constant."""
+    into it. A real tensor the step closes over (not traced: a global, a closure over a
+    plain tensor) becomes a constant of the outer graph passed in the same way: inductor's
+    C++ wrapper cannot read a constant of a loop body."""
     from torch.fx.experimental.proxy_tensor import get_proxy_slot
 
     root = fx_tracer.root
@@ -213,9 +215,17 @@ def _lift(fx_tracer: Any, node: Any) -> None:
         if not isinstance(value, Tensor):
             continue
         proxy = get_proxy_slot(value, fx_tracer, None)
-        if proxy is None:
+        if proxy is not None:
+            lifted.append(proxy.proxy.node)
+        elif _is_fake(value):
             continue
-        lifted.append(proxy.proxy.node)
+        else:
+            name = _fresh(root, "_lifted_constant")
+            setattr(root, name, value)
+            with fx_tracer.graph.inserting_before(node):
+                attr = fx_tracer.graph.get_attr(name)
+            attr.meta["val"] = value = _as_fake(value)
+            lifted.append(attr)
         _to_placeholder(sub, const, value)
     if lifted:
         node.args = (args[0], args[1], args[2], (*tuple(args[3]), *lifted))
@@ -231,13 +241,13 @@ def _pull_up(gm: torch.fx.GraphModule) -> None:
         moved = []
         for const in list(sub.graph.find_nodes(op="get_attr")):
             value = getattr(sub, const.target, None)
-            if not isinstance(value, Tensor) or not _is_fake(value):
+            if not isinstance(value, Tensor):
                 continue
             name = _fresh(gm, "_lifted_constant")
             gm.register_buffer(name, value, persistent=False)
             with gm.graph.inserting_before(node):
                 attr = gm.graph.get_attr(name)
-            attr.meta["val"] = value
+            attr.meta["val"] = value = _as_fake(value)
             moved.append(attr)
             _to_placeholder(sub, const, value)
         if moved:
@@ -251,7 +261,18 @@ def _is_fake(t: Tensor) -> bool:
     return isinstance(t, FakeTensor)
 
 
-def _fresh(gm: torch.fx.GraphModule, base: str) -> str:
+def _as_fake(t: Tensor) -> Tensor:
+    """``t`` as a fake tensor of the trace's fake mode (a node's ``meta["val"]``)."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode()
+    if mode is None or _is_fake(t):
+        return t
+    # a view's base is not fakified: its own values describe it (a trace-time copy)
+    return mode.from_tensor(t.clone() if t._is_view() else t, static_shapes=True)
+
+
+def _fresh(gm: Any, base: str) -> str:
     i = 0
     while hasattr(gm, f"{base}{i}"):
         i += 1
