@@ -1,7 +1,7 @@
 """The calling protocol of the module kinds (``functd/_modules/_call.py``).
 
 A module kind written here, in the tests, with nothing but the protocol
-(``children``, ``with_children``, ``_step`` with explicit call options) gets
+(``children``, ``with_children``, ``run`` with explicit call options) gets
 ``fd.nn.eval_mode``, ``split_state``/``merge_state``/``buffer_paths``,
 ``apply_with_state``, ``fd.from_module``, composition in a Sequential and fd.vmap:
 each checked against the same computation written with ``torch.nn``. (The
@@ -121,7 +121,7 @@ def test_protocol_defaults_of_a_minimal_kind():
         def _identity(self):
             return ()
 
-        def _step(self, params, data, bs, opts):
+        def run(self, params, data, bs, opts):
             data["y"] = data["x"] * 2
 
     s = Scale()
