@@ -17,7 +17,7 @@ these methods, and only these:
   working copy of td's entries, which becomes the new td. A sequence runs the
   plan of td's layout instead (``_plan.call``); a probabilistic kind with
   ``num_samples`` vmaps its one-sample step over split keys.
-- ``call_options(key, **options)``: the call's ``Options`` from ``key=`` and the
+- ``call_options(key, ...)``: the call's ``Options`` from ``key=`` and the
   kind's ``option_names`` keywords (``interaction=`` for the probabilistic
   kinds), checked; None for the defaults.
 - ``children()``: its named sub-modules (``()`` for a leaf), and
@@ -32,6 +32,12 @@ these methods, and only these:
   (``fd.nn.split_state``, ``fd.trainable``, ``fd.from_module``);
 - traits: ``has_params``, ``random``, ``stateful`` (from the children by
   default), ``probabilistic`` (a class attribute: it draws from a distribution).
+
+Two families add their own: a sequence (``_sequential.SequenceKind``) has
+``run_children(...)``, the one child loop, and ``child_step(m)``, the step it runs
+for child ``m`` (``m.run``; a probabilistic sequence draws its heads); a
+probabilistic kind (``_probabilistic.ProbabilisticKind``) has ``draw(...)``, its
+one-sample step, which its ``run`` refuses to stand for under ``num_samples``.
 
 Everything generic (``fd.nn.eval_mode``, ``split_state``, ``from_module``, a
 Sequential's child loop, ``apply_with_state``, the keyword and positional call
@@ -239,9 +245,9 @@ class ModuleKind(Frozen):
         self.run(params, data, td._batch_size, opts)
         return _new(data, td._batch_size)
 
-    def call_options(self, key: Any = None, **options: Any) -> Options | None:
-        """The options of a call with ``key=`` (and the ``option_names`` keywords, which
-        this kind has none of): None for the defaults."""
+    def call_options(self, key: Any = None) -> Options | None:
+        """The options of a call with ``key=``: None for the defaults. A kind with
+        ``option_names`` takes them as further keywords, and checks them."""
         return None if key is None else Options(key)
 
     def __call__(
@@ -290,18 +296,23 @@ def call_forms(m: Any, params: Any, td: Any, args: tuple, key: Any, tensors: dic
     ``m(params, x=x)`` and the argument errors; a td call ends in ``m.run_td``."""
     call_kw = None
     if tensors and m.option_names:
-        call_kw = {n: tensors.pop(n) for n in m.option_names if n in tensors} or None
-    if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
+        for name in m.option_names:
+            if name in tensors:
+                if call_kw is None:
+                    call_kw = {}
+                call_kw[name] = tensors.pop(name)
+    typ = type(td)
+    if args or (td is not None and typ is not TensorDict and isinstance(td, _Tensor)):
         return positional_call(m, params, (td, *args), key, tensors, call_kw)
-    opts = m.call_options(key, **call_kw) if call_kw else None  # (checked first)
+    opts = None if call_kw is None else m.call_options(key, **call_kw)  # checked first
     if td is None:
         _option_names(m, call_kw)
         return keyword_call(m, params, key, tensors, call_kw)
     if tensors:
         raise TypeError(f"{m._label()}: pass either a TensorDict or keyword tensors, not both.")
-    if not isinstance(td, TensorDict):
+    if typ is not TensorDict and not isinstance(td, TensorDict):
         bad_td(m, params, td)
-    return m.run_td(params, td, opts if call_kw else m.call_options(key))
+    return m.run_td(params, td, m.call_options(key) if call_kw is None else opts)
 
 
 def apply_with_state(m: Any, params: Any, td: Any, opts: Options) -> tuple[TensorDict, TensorDict]:

@@ -90,7 +90,11 @@ class ProbabilisticKind(ModuleKind):
         self, key: Any = None, interaction: InteractionType | str | None = None
     ) -> Options | None:
         """The options of ``m(params, td, key=..., interaction=...)`` (checked)."""
-        return options(key, _explicit(interaction, self))
+        if interaction is None:
+            return None if key is None else Options(key)
+        if type(interaction) is not InteractionType:
+            interaction = as_interaction(interaction, self._label())
+        return Options(key, interaction)
 
     def run_td(self, params: Any, td: TensorDict, opts: Options | None) -> TensorDict:
         """One call on ``td``; with ``num_samples``, ``draw`` vmapped over split keys
