@@ -236,11 +236,14 @@ class ModuleKind(Frozen):
     option_names: tuple[str, ...] = ()
 
     def run(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> Any:
-        """The step on the working dict ``data`` (see the module docstring)."""
+        """The step on the working dict ``data``: a hook of the calling protocol, which
+        a parent calls for its children (see functd/_modules/_call.py); to call a
+        module, call it: ``m(params, td)``."""
         raise NotImplementedError(f"{type(self).__name__} must implement run")
 
     def run_td(self, params: Any, td: TensorDict, opts: Options | None) -> TensorDict:
-        """One call on ``td``: ``run`` on a working copy of its entries -> the new td."""
+        """One call on ``td`` (a protocol hook, behind ``m(params, td)``): ``run`` on a
+        working copy of its entries, which becomes the new td."""
         data = dict(td._data)
         self.run(params, data, td._batch_size, opts)
         return _new(data, td._batch_size)
