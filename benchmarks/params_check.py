@@ -5,16 +5,16 @@ cleared before each call), measured in turn in one process.
 Rows: the tutorial block (two Linear) and the GRU policy (one GRUCell), batch 1
 and 256, TensorDict built in each call, grad mode on. Times: the median of
 BENCH_ROUNDS interleaved rounds of this process's CPU time, one thread; the
-ratios are the medians of the rounds' paired ratios. See
-notes/performance.md ("The params-check cache stays").
+ratios are the medians of the rounds' paired ratios. Why the cache stays:
+notes/design.md ("The params-check cache"); the latest figures: notes/performance.md.
 
 A second table times ``fd.train_step`` (Adam, the two models of
 benchmarks/train_step.py), and a hand-written ``fd.grad`` loop, as they are, where the eager gradient keeps the marks the
 modules leave on its detached copy of the params on the params given to the
 step (so the next step's params skip the check), against the same step with
-that hand-over switched off (every step checks every module, as before stop
-18), and torch's eager step (``torch.optim.Adam(foreach=True)``) beside them.
-See notes/performance.md ("The mark through ``train_step``").
+that hand-over switched off (every step checks every module), and torch's eager
+step (``torch.optim.Adam(foreach=True)``) beside them. See notes/distributed.md
+("Speed against DDP"), where the hand-over keeps the data-parallel step at par.
 
 Run: .venv/bin/python benchmarks/params_check.py
 """

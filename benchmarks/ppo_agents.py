@@ -2,7 +2,7 @@
 
 In one run: the single-agent PyTorch baseline (``benchmarks/ppo_baseline.py``: nn.Module,
 torch.optim, Python loop), then functd's ``examples/ppo_agents.py`` at each agent count
-(``fd.vmap`` over agents; eager, and with ``--jit`` the fd.jit-compiled pieces), all with
+(``fd.vmap`` over agents; eager, and with ``--mode jit`` the update compiled by fd.jit), all with
 PureJaxRL's CartPole hyperparameters and ``--steps`` env steps per agent. Train time is the
 wall time after the warm-up/compile (a first update, timed apart). Prints the table: train
 time, compile (or warm-up) time, aggregate env steps/s, and the ratio of that throughput

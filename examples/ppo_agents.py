@@ -15,8 +15,8 @@ entropy coef 0.01, max grad norm 0.5, Adam eps 1e-5, orthogonal init), the linea
 learning-rate anneal off by default (``--anneal-lr``).
 
 The command line runs the same pieces update by update (``fd.vmap(update)`` over the
-agents, in a Python loop over updates for the progress bar); ``--jit`` compiles them with
-``fd.jit`` (see notes/ppo.md for what is compiled and why)::
+agents, in a Python loop over updates for the progress bar); ``--jit`` compiles that
+update, ``fd.jit(fd.vmap(update))``, into one graph (see notes/ppo.md)::
 
     python examples/ppo_agents.py --agents 16 --steps 16384 --seed 0 --json out.json
 
@@ -373,47 +373,15 @@ def agent_keys(seed: int, n: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- the driver
-def _jit_rollout(cfg: Config) -> Callable:
-    step = fd.jit(fd.vmap(functools.partial(env_step, _=None, cfg=cfg)))
-
-    def run(runner):
-        trans = []
-        for _ in range(cfg.num_steps):
-            runner, t = step(runner)
-            trans.append(t)
-        return runner, fd.stack(trans, 1)
-
-    return run
-
-
 def make_driver(cfg: Config, jit: bool = False) -> tuple[Callable, Callable]:
-    """(init, update) over a batch of agents: ``fd.vmap`` of the pure pieces, or with
-    ``jit`` three compiled pieces called from Python: the env step (``num_steps``
-    times), ``prepare`` (GAE and shuffles) and one minibatch step (``epochs *
-    minibatches`` times). See notes/ppo.md for why not the whole run."""
+    """(init, update) over a batch of agents: ``fd.vmap`` of the pure pieces, and with
+    ``jit`` the whole update compiled, ``fd.jit(fd.vmap(update))``: one graph whose
+    rollout, GAE, shuffles and minibatch epochs are torch's scan op (one per loop, not
+    unrolled). The Python loop over updates stays for the progress bar (a call per
+    update: 32 for 16,384 steps)."""
     init = fd.vmap(functools.partial(init_runner, cfg=cfg))
-    if not jit:
-        return init, fd.vmap(functools.partial(update, cfg=cfg))
-    roll = _jit_rollout(cfg)
-    prep = fd.jit(fd.vmap(functools.partial(prepare, cfg=cfg)))
-    mb_step = fd.jit(fd.vmap(functools.partial(minibatch_step, cfg=cfg)))
-
-    def step(runner):
-        runner, traj = roll(runner)
-        runner, minibatches, metrics = prep(runner, traj)
-        carry = (runner["params"], runner["opt_state"])
-        for e in range(cfg.epochs):
-            losses = []
-            for m in range(cfg.minibatches):
-                carry, loss = mb_step(carry, minibatches[:, e, m])
-                losses.append(loss)
-        params, opt_state = carry
-        value_loss = torch.stack(losses, -1).mean(-1)
-        return dict(runner, params=params, opt_state=opt_state), dict(
-            metrics, value_loss=value_loss
-        )
-
-    return init, step
+    step = fd.vmap(functools.partial(update, cfg=cfg))
+    return init, fd.jit(step) if jit else step
 
 
 def run(

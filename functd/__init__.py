@@ -23,7 +23,6 @@ from ._modules._probabilistic import Probabilistic as Probabilistic
 from ._modules._sequential import Sequential as Sequential
 from ._modules._trainable import trainable as trainable
 from ._td import TensorDict as TensorDict
-from ._td import _tree
 from ._td._io import load as load
 from ._td._io import save as save
 from ._td._partition import combine as combine
@@ -57,5 +56,3 @@ from ._transforms._vmap import TransformError as TransformError
 from ._transforms._vmap import vmap as vmap
 from ._version import __version__ as __version__
 from .nn._param_extractor import NormalParamExtractor as NormalParamExtractor
-
-del _tree

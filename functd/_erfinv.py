@@ -6,7 +6,7 @@ op for op in torch keeps ``fd.random.normal`` bit-equal to ``jax.random.normal``
 kernel (``_fused_ext.c``, ``MODE_ERFINV``) evaluates the same polynomial.
 
 Example:
-    >>> _sqrt2_erfinv(torch.tensor([0.0, 0.5]), torch.float32)
+    >>> sqrt2_erfinv(torch.tensor([0.0, 0.5]), torch.float32)
     tensor([0.0000, 0.6745])
 """
 
@@ -17,9 +17,9 @@ import math
 import torch
 from torch import Tensor
 
-from ._threefry import _inplace_ok
+from ._eager import plain_tensor as _inplace_ok  # x is a fresh buffer of ours
 
-__all__ = ["_erfinv32", "_sqrt2_erfinv"]
+__all__ = ["erfinv32", "sqrt2_erfinv"]
 
 # Giles' single-precision erfinv coefficients for w < 5 and w >= 5, as in XLA.
 _ERFINV_LT = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
@@ -40,7 +40,7 @@ def _erfinv_coefs(ndim: int, device: torch.device) -> tuple[Tensor, ...]:
     return out
 
 
-def _erfinv32(x: Tensor) -> Tensor:
+def erfinv32(x: Tensor) -> Tensor:
     """XLA's float32 ``erf_inv`` (Giles' polynomials, both evaluated everywhere).
 
     torch.erfinv is more accurate in the tails, where XLA's is up to ~90 ulp off.
@@ -63,10 +63,10 @@ def _erfinv32(x: Tensor) -> Tensor:
     return torch.where(lt, pl, pg).masked_fill(edge, math.inf) * x
 
 
-def _sqrt2_erfinv(u: Tensor, dtype: torch.dtype) -> Tensor:
+def sqrt2_erfinv(u: Tensor, dtype: torch.dtype) -> Tensor:
     """``sqrt(2) * erf_inv(u)`` as jax computes it (16-bit floats via float32, like XLA)."""
     sqrt2 = torch.tensor(math.sqrt(2.0), dtype=dtype, device=u.device)
     if dtype == torch.float64:
         return torch.erfinv(u) * sqrt2
-    z = _erfinv32(u.float()).to(dtype)
+    z = erfinv32(u.float()).to(dtype)
     return z.mul_(sqrt2) if _inplace_ok(z) else z * sqrt2

@@ -6,7 +6,7 @@
  * run(op, keys, total, n, first, out[, out2, a, b]) -> int: threefry2x32 of the
  * row-major counters first..first+n-1 under each of total/n keys (jax's partitionable
  * layout: counter i hashes (i >> 32, i & 0xffffffff), the same hash as
- * _threefry._threefry2x32), written as raw words or turned into floats by the exact bit
+ * _threefry.threefry2x32), written as raw words or turned into floats by the exact bit
  * tricks of functd.random._unit; the MODE_ERFINV_* steps finish XLA's float32 erf_inv
  * around torch's log1p and sqrt (their bits). Integer hashing and the mantissa trick
  * are exact anywhere; the float steps are single IEEE operations in the pure path's

@@ -8,7 +8,7 @@ the same bits. ``functd.random`` builds keys and samplers on top; see its
 docstring for the counter layout that makes the bits equal jax.random's.
 
 Example:
-    >>> x0, x1 = _hash(functd.random.key(0), (4,))  # two int32 words per element
+    >>> x0, x1 = hash_counters(functd.random.key(0), (4,))  # two int32 words per element
 """
 
 from __future__ import annotations
@@ -23,18 +23,18 @@ from ._eager import plain_tensor as _inplace_ok  # the eager in-place fast path 
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
-_M32 = 0xFFFFFFFF
+MASK32 = 0xFFFFFFFF
 
 
-def _to_i32(x: Tensor) -> Tensor:
+def to_i32(x: Tensor) -> Tensor:
     """Low 32 bits of an int64 tensor as an int32 bit pattern (no overflowing cast)."""
-    return (((x & _M32) ^ 0x80000000) - 0x80000000).to(torch.int32)
+    return (((x & MASK32) ^ 0x80000000) - 0x80000000).to(torch.int32)
 
 
 # -- threefry2x32 -------------------------------------------------------------
 
 
-def _threefry2x32(
+def threefry2x32(
     k0: Tensor, k1: Tensor, x0: Tensor | None, x1: Tensor, fresh: bool = False
 ) -> tuple[Tensor, Tensor]:
     """Hash int32 counters ``(x0, x1)`` (None: 0) under ``(k0, k1)``; ``fresh``: x1 is ours."""
@@ -71,30 +71,30 @@ def _threefry2x32(
 _SMALL = 16
 
 
-def _small_ok(key: Tensor, n: int) -> bool:
+def hash_small_ok(key: Tensor, n: int) -> bool:
     # _inplace_ok first: under torch.compile it is False, and the size test must not
     # run there (it would guard on a dynamic size: a recompile per batch size)
     return _inplace_ok(key) and key.device.type == "cpu" and n * (key.numel() // 2) <= _SMALL
 
 
 def _threefry_py(k0: int, k1: int, x1: int) -> tuple[int, int]:
-    """``_threefry2x32`` of one counter ``(0, x1)`` on uint32 Python ints."""
+    """``threefry2x32`` of one counter ``(0, x1)`` on uint32 Python ints."""
     ks = (k0, k1, k0 ^ k1 ^ _PARITY)
-    x0, x1 = k0, (x1 + k1) & _M32
+    x0, x1 = k0, (x1 + k1) & MASK32
     for i in range(5):
         for r in _ROTATIONS[i % 2]:
-            x0 = (x0 + x1) & _M32
-            x1 = (((x1 << r) & _M32) | (x1 >> (32 - r))) ^ x0
-        x0 = (x0 + ks[(i + 1) % 3]) & _M32
-        x1 = (x1 + ks[(i + 2) % 3] + i + 1) & _M32
+            x0 = (x0 + x1) & MASK32
+            x1 = (((x1 << r) & MASK32) | (x1 >> (32 - r))) ^ x0
+        x0 = (x0 + ks[(i + 1) % 3]) & MASK32
+        x1 = (x1 + ks[(i + 2) % 3] + i + 1) & MASK32
     return x0, x1
 
 
-def _hash_py(key: Tensor, counters: list[int], shape: tuple[int, ...]):
-    """The small-size path of ``_hash``/``fold_in``: int32 tensors ``(*batch, *shape)``."""
+def hash_small(key: Tensor, counters: list[int], shape: tuple[int, ...]):
+    """The small-size path of ``hash_counters``/``fold_in``: int32 tensors ``(*batch, *shape)``."""
     b0, b1 = [], []
     for k0, k1 in key.reshape(-1, 2).tolist():
-        k0, k1 = k0 & _M32, k1 & _M32
+        k0, k1 = k0 & MASK32, k1 & MASK32
         for c in counters:
             y0, y1 = _threefry_py(k0, k1, c)
             b0.append(y0 - (y0 >> 31 << 32))
@@ -106,21 +106,21 @@ def _hash_py(key: Tensor, counters: list[int], shape: tuple[int, ...]):
     )
 
 
-def _hash(key: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+def hash_counters(key: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
     """Threefry of the row-major counters of ``shape``: two int32 arrays ``(*batch, *shape)``."""
     n = math.prod(shape)
-    if _small_ok(key, n):
-        return _hash_py(key, list(range(n)), shape)
+    if hash_small_ok(key, n):
+        return hash_small(key, list(range(n)), shape)
     expand = (..., *([None] * len(shape)))
     k0, k1 = key[..., 0][expand], key[..., 1][expand]
     if n <= 2**31:  # the high counter words are all zero
         lo = torch.arange(n, dtype=torch.int32, device=key.device).reshape(shape)
-        return _threefry2x32(k0, k1, None, lo, fresh=True)
+        return threefry2x32(k0, k1, None, lo, fresh=True)
     idx = torch.arange(n, dtype=torch.int64, device=key.device).reshape(shape)
-    return _threefry2x32(k0, k1, _to_i32(idx >> 32), _to_i32(idx), fresh=True)
+    return threefry2x32(k0, k1, to_i32(idx >> 32), to_i32(idx), fresh=True)
 
 
-def _random_bits(key: Tensor, nbits: int, shape: tuple[int, ...]) -> Tensor:
+def random_bits(key: Tensor, nbits: int, shape: tuple[int, ...]) -> Tensor:
     """jax's random bits: int32 patterns (32), int64 patterns (64), values in int64 (8, 16)."""
     if nbits == 64:
         out = _fused.run(_fused.MODE_BITS64, key, shape, torch.int64)
@@ -128,8 +128,8 @@ def _random_bits(key: Tensor, nbits: int, shape: tuple[int, ...]) -> Tensor:
         out = _fused.run(_fused.MODE_BITS32, key, shape, torch.int32)
     if out is not None:
         return out if nbits >= 32 else out.to(torch.int64) & ((1 << nbits) - 1)
-    b0, b1 = _hash(key, shape)
+    b0, b1 = hash_counters(key, shape)
     if nbits == 64:
-        return (b0.to(torch.int64) << 32) | (b1.to(torch.int64) & _M32)
+        return (b0.to(torch.int64) << 32) | (b1.to(torch.int64) & MASK32)
     out = b0.bitwise_xor_(b1) if _inplace_ok(b0) else b0 ^ b1
     return out if nbits == 32 else out.to(torch.int64) & ((1 << nbits) - 1)

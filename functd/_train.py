@@ -29,7 +29,7 @@ from torch import Tensor
 
 from . import random as fr
 from ._checkpoint import Checkpoints, run_fingerprint
-from ._td import TensorDict, _new
+from ._td import TensorDict, from_parts
 from ._td._shape import cat, stack
 from ._transforms._autodiff import loss_and_grad
 from .distributed._dcp import ShardedStore, holds_dtensors
@@ -46,7 +46,7 @@ Step = Callable[[TensorDict, TensorDict, Any, Any], tuple[TensorDict, TensorDict
 
 def _metrics(where: str, loss: Tensor, aux: Any) -> TensorDict:
     if type(aux) is dict and not aux:  # a loss_fn without aux (the common case)
-        return _new({"loss": loss.detach()}, _SCALAR)
+        return from_parts({"loss": loss.detach()}, _SCALAR)
     entries: dict[str, Any] = {"loss": loss.detach()}
     if isinstance(aux, TensorDict | Mapping):
         items = aux.items() if isinstance(aux, Mapping) else aux._data.items()
@@ -185,64 +185,52 @@ def fit(
     """Run ``step`` over ``batches`` for ``epochs`` epochs; return the history too.
 
     Args:
-        step: ``step(params, opt_state, batch, key)``, e.g. from :func:`train_step`
-            (compiled or vmapped is fine).
+        step: ``step(params, opt_state, batch, key)``, e.g. :func:`train_step`'s (compiled
+            or vmapped is fine).
         params: the starting params (not modified).
         opt_state: the starting optimizer state (not modified).
         batches: a re-iterable of batches (a list, a DataLoader), or a function
             ``epoch -> iterable`` (e.g. to reshuffle with ``fd.random``).
-        key: a PRNG key; step ``i`` (counted over all epochs) gets
-            ``fd.random.fold_in(key, i)``. ``None`` passes ``None``.
+        key: a PRNG key or None (passed as is); step ``i`` (over all epochs) gets ``fold_in(key, i)``.
         epochs: number of passes over ``batches``.
         progress: show a progress bar (tqdm when installed) or, without tqdm,
             print one line per ``print_every`` epochs with the mean metrics.
-        data_parallel: train on the ranks of the default torch.distributed
-            process group (launched by ``torchrun``): the ranks agree at the start
-            (checkpoint folder, resume point, layout of params and state: a
-            mismatch names the key path on every rank), the params and state are
-            broadcast from rank 0, each rank steps on its rows of every batch
-            (``fd.distributed.shard_batch``), its key is
-            ``fold_in(fold_in(key, i), rank)``, the step's optimizer reduces the
-            grads (``fd.distributed.mean_updates()`` first in the chain: checked for
-            ``fd.train_step`` steps), the ranks agree on the number of batches
-            and the layout of the first before each epoch, the metrics are
-            averaged over the ranks at the end of each epoch and only rank 0
-            prints. Off by default, also under torchrun (see notes/distributed.md).
-        checkpoint: a path; at the end of every epoch the run's state (params,
-            opt_state, epochs done, step counter, history, and the run's
-            fingerprint) is written there with ``fd.save`` (by rank 0 only when
-            data-parallel), the older ones rotating to ``path.1``, ...; the
-            folder must exist and be writable (checked before the first step).
-            ``fd.load(path)["params"]`` reads it anywhere. When the params or state
-            hold DTensors (``fd.distributed.shard``), each checkpoint is a folder
-            written by every rank through torch.distributed.checkpoint
-            (``fd.distributed.save``), resumable with another sharding or number of
-            ranks; ``fd.distributed.load(path)["params"]`` reads it.
+        data_parallel: train on the ranks of the default process group (``torchrun``):
+            they agree first (checkpoint folder, resume point, param and state layouts;
+            a mismatch names the key path on every rank), start from rank 0's params and
+            state, step on their rows of every batch (``fd.distributed.shard_batch``)
+            with key ``fold_in(fold_in(key, i), rank)``, let the optimizer reduce the
+            grads (``fd.distributed.mean_updates()`` first in the chain, checked for
+            ``fd.train_step`` steps), agree on the number of batches and the first one's
+            layout before each epoch and average the metrics after it; rank 0 prints.
+            Off by default, also under torchrun (see notes/distributed.md).
+        checkpoint: a path (its folder must exist and be writable: checked first); after
+            every epoch the run's state (params, opt_state, epochs done, step counter,
+            history, the run's fingerprint) is written there with ``fd.save`` (rank 0
+            only when data-parallel), older ones rotating to ``path.1``, ...;
+            ``fd.load(path)["params"]`` reads it. DTensors in the trees
+            (``fd.distributed.shard``): each checkpoint is a folder every rank writes
+            with ``fd.distributed.save``, resumable with another sharding or number of
+            ranks (``fd.distributed.load(path)["params"]`` reads it).
         resume: continue from the newest checkpoint that loads (``path``, else
-            ``path.1``...): the result is bitwise the uninterrupted run's. No
-            checkpoint yet: a fresh start. A checkpoint of another run (other
-            param/state layout, ``epochs`` or ``key``) is refused. Needs
-            ``checkpoint``.
-        keep: how many checkpoint files to keep (``path`` the newest, then
-            ``path.1`` ... ``path.{keep-1}``); a crash during a write leaves the
-            previous ones intact.
-        timeout: data-parallel only: seconds (or a timedelta) any collective may
-            wait for the other ranks, set on the process group for the run (and
-            restored after); a collective that times out raises a
-            ``fd.distributed.CollectiveError`` naming the collective, the step
-            and the ranks that did not answer. ``None`` keeps the group's own.
+            ``path.1``...), bitwise the uninterrupted run; none yet: a fresh start. A
+            checkpoint of another run (layouts, ``epochs`` or ``key``) is refused.
+        keep: how many checkpoints to keep (``path``, ``path.1`` ... ``path.{keep-1}``);
+            a crash during a write leaves the previous ones intact.
+        timeout: data-parallel only: seconds (or a timedelta) any collective may wait,
+            set on the process group for the run (restored after); a timeout raises
+            ``fd.distributed.CollectiveError`` naming the collective, the step and the
+            ranks that did not answer. ``None`` keeps the group's own.
 
     Returns:
-        ``(params, opt_state, history)``: ``history`` is a TensorDict of batch
-        size ``[steps]`` stacking every step's metrics (``history["loss"]``).
+        ``(params, opt_state, history)``, ``history`` every step's metrics (``[steps]``).
 
     Raises:
-        ValueError: ``epochs < 1``; an iterator (exhausted after one pass) with
-            ``epochs > 1``; no batches at all; a missing or read-only checkpoint
-            folder; a checkpoint of another run with ``resume=True``;
-            data-parallel: a batch size the world size does not divide, an
-            optimizer without ``fd.distributed.mean_updates``/``sum_updates``, ranks with different numbers of
-            batches, batch layouts or param layouts (on every rank).
+        ValueError: ``epochs < 1``; an iterator (one pass only) with ``epochs > 1``; no
+            batches; a missing or read-only checkpoint folder; ``resume`` onto another
+            run; data-parallel: a batch size the world size does not divide, an
+            optimizer without ``mean_updates``/``sum_updates``, ranks with different
+            numbers of batches, batch layouts or param layouts (on every rank).
         RuntimeError: ``data_parallel=True`` without a process group;
             ``fd.distributed.CollectiveError`` when a collective fails or times out.
 
@@ -254,24 +242,23 @@ def fit(
     where = "fd.fit(data_parallel=True)" if data_parallel else "fd.fit"
     _check_args(epochs, batches, checkpoint, resume)
     dp = DataParallel(where, step, timeout) if data_parallel else None
+    ckpts, run = _checkpoints(where, params, opt_state, epochs, key, checkpoint, keep)
+    problem, state = _restore(ckpts, run, resume, params, data_parallel)
+    loop = _Loop(step, key, epochs, batches, dp, ckpts, run, state)
+    return loop.train(params, opt_state, problem, state, progress, print_every)
+
+
+def _checkpoints(where: str, params, opt_state, epochs: int, key, checkpoint, keep: int):
+    """``(checkpoints, run)``: the rotating checkpoints of a fit call (written through
+    torch.distributed.checkpoint when the trees hold DTensors) and the run's
+    fingerprint; ``(None, None)`` without ``checkpoint``."""
+    if checkpoint is None:
+        return None, None
     sharded = {"params": params, "opt_state": opt_state}
     store = ShardedStore(sharded) if checkpoint and holds_dtensors(sharded) else None  # DCP
-    ckpts = None if checkpoint is None else Checkpoints(where, checkpoint, keep, store)
-    run = None if ckpts is None else run_fingerprint(params, opt_state, epochs, key)
-    problem, state = _restore(ckpts, run, resume, params, data_parallel)
-    if state is not None:
-        params, opt_state = state["params"], state["opt_state"]
-    loop = _Loop(step, key, epochs, batches, dp, ckpts, run, state)
-    with dp if dp is not None else contextlib.nullcontext():
-        if dp is not None:
-            at = None if state is None else (int(state["epoch"]), int(state["step"]))
-            params, opt_state = dp.start(params, opt_state, problem, at)
-        loop.progress = progress and (dp is None or dp.main)
-        loop.print_every = print_every
-        params, opt_state = loop.run(params, opt_state)
-    if not loop.chunks:
-        raise ValueError("fd.fit: batches gave no batch; nothing was trained.")
-    return params, opt_state, loop.history()
+    return Checkpoints(where, checkpoint, keep, store), run_fingerprint(
+        params, opt_state, epochs, key
+    )
 
 
 def _check_args(epochs: Any, batches: Any, checkpoint: Any, resume: Any) -> None:
@@ -327,6 +314,24 @@ class _Loop:
         if len(self.chunks) > 1:
             self.chunks = [cat(self.chunks)]
         return self.chunks[0]
+
+    def train(self, params, opt_state, problem, state, progress: bool, print_every: int):
+        """``fit``'s result: start from ``state`` (a checkpoint, or None) and run the
+        remaining epochs; data-parallel ranks first agree (``problem``: this rank's
+        reason not to checkpoint)."""
+        if state is not None:
+            params, opt_state = state["params"], state["opt_state"]
+        dp = self.dp
+        with dp if dp is not None else contextlib.nullcontext():
+            if dp is not None:
+                at = None if state is None else (int(state["epoch"]), int(state["step"]))
+                params, opt_state = dp.start(params, opt_state, problem, at)
+            self.progress = progress and (dp is None or dp.main)
+            self.print_every = print_every
+            params, opt_state = self.run(params, opt_state)
+        if not self.chunks:
+            raise ValueError("fd.fit: batches gave no batch; nothing was trained.")
+        return params, opt_state, self.history()
 
     def run(self, params, opt_state):
         if self.first and self.progress:

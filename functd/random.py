@@ -36,23 +36,33 @@ from __future__ import annotations
 
 import math
 import operator
-import struct
 from collections.abc import Sequence
 
 import torch
 from torch import Size, Tensor
 
 from . import _fused
-from ._erfinv import _erfinv32, _sqrt2_erfinv
+from ._bits_to_numbers import (
+    _FLOATS,
+    _MAX32,
+    _MAX64,
+    _MIN32,
+    _MIN64,
+    _range32,
+    _scaled,
+    _unit,
+    _urem,
+)
+from ._eager import plain_tensor as _inplace_ok  # the eager in-place fast path may run
+from ._erfinv import erfinv32, sqrt2_erfinv
 from ._threefry import (
-    _M32,
-    _hash,
-    _hash_py,
-    _inplace_ok,
-    _random_bits,
-    _small_ok,
-    _threefry2x32,
-    _to_i32,
+    MASK32,
+    hash_counters,
+    hash_small,
+    hash_small_ok,
+    random_bits,
+    threefry2x32,
+    to_i32,
 )
 
 __all__ = [
@@ -62,13 +72,6 @@ __all__ = [
 
 Shape = int | Sequence[int]
 
-_MIN32, _MAX32 = -(2**31), 2**31 - 1
-_MIN64, _MAX64 = -(2**63), 2**63 - 1
-# float dtype -> (total bits, mantissa bits, same-size int dtype), as jnp.finfo.
-_FLOATS = {
-    torch.float16: (16, 10, torch.int16), torch.bfloat16: (16, 7, torch.int16),
-    torch.float32: (32, 23, torch.int32), torch.float64: (64, 52, torch.int64),
-}  # fmt: skip
 # bits dtype -> (bit width, signed dtype with the same bits).
 _BITS = {
     torch.uint8: (8, torch.int8), torch.int8: (8, torch.int8),
@@ -76,7 +79,6 @@ _BITS = {
     torch.uint32: (32, torch.int32), torch.int32: (32, torch.int32),
     torch.uint64: (64, torch.int64), torch.int64: (64, torch.int64),
 }  # fmt: skip
-_F32 = struct.Struct("f")
 _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 
 
@@ -170,12 +172,12 @@ def key(seed: int | Tensor, *, device: torch.device | str | None = None) -> Tens
             raise TypeError(f"key: `seed` must be an integer tensor, got dtype {seed.dtype}.")
         wide = seed.element_size() == 8  # narrower seeds get a zero high word, like jax
         s = seed.view(torch.int64) if wide else seed.to(torch.int64)
-        return torch.stack([_to_i32(s >> 32 if wide else s * 0), _to_i32(s)], dim=-1)
+        return torch.stack([to_i32(s >> 32 if wide else s * 0), to_i32(s)], dim=-1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"key: `seed` must be an int or an integer tensor, got {seed!r}.")
     if not _MIN64 <= seed <= _MAX64:
         raise ValueError(f"key: `seed` must lie in [-2**63, 2**63) (int64), got {seed}.")
-    return _to_i32(torch.tensor([seed >> 32, seed], dtype=torch.int64, device=device))
+    return to_i32(torch.tensor([seed >> 32, seed], dtype=torch.int64, device=device))
 
 
 _seed_key = key  # (as_key takes an argument named key)
@@ -222,7 +224,7 @@ def split(key: Tensor, num: int = 2) -> Tensor:
     else:
         shape = _check_shape("split", num, "num")
     out = _fused.run(_fused.MODE_PAIRS, key, shape, torch.int32)
-    return torch.stack(_hash(key, shape), dim=-1) if out is None else out
+    return torch.stack(hash_counters(key, shape), dim=-1) if out is None else out
 
 
 def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
@@ -242,20 +244,20 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
     if isinstance(data, Tensor):
         if not _is_int(data):
             raise TypeError(f"fold_in: `data` must be an integer tensor, got dtype {data.dtype}.")
-        d = (data if data.dtype == torch.int32 else _to_i32(data.to(torch.int64))).to(key.device)
+        d = (data if data.dtype == torch.int32 else to_i32(data.to(torch.int64))).to(key.device)
         if (out := _fused.fold(key, d)) is not None:
             return out
     elif isinstance(data, bool) or not isinstance(data, int):
         raise TypeError(f"fold_in: `data` must be an int or an integer tensor, got {data!r}.")
-    elif not 0 <= data <= _M32:
+    elif not 0 <= data <= MASK32:
         raise ValueError(f"fold_in: `data` must be in [0, 2**32), got {data}; use data % 2**32.")
     elif (out := _fused.run(_fused.MODE_PAIRS, key, (), torch.int32, first=data)) is not None:
         return out
-    elif _small_ok(key, 1):
-        return torch.stack(_hash_py(key, [data], ()), dim=-1)
+    elif hash_small_ok(key, 1):
+        return torch.stack(hash_small(key, [data], ()), dim=-1)
     else:
-        d = _to_i32(torch.tensor(data, dtype=torch.int64, device=key.device))
-    b0, b1 = torch.broadcast_tensors(*_threefry2x32(key[..., 0], key[..., 1], None, d))
+        d = to_i32(torch.tensor(data, dtype=torch.int64, device=key.device))
+    b0, b1 = torch.broadcast_tensors(*threefry2x32(key[..., 0], key[..., 1], None, d))
     return torch.stack([b0, b1], dim=-1)
 
 
@@ -278,33 +280,10 @@ def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Te
     if dtype not in _BITS:
         raise TypeError(f"bits: `dtype` must be an 8/16/32/64-bit integer dtype, got {dtype}.")
     width, signed = _BITS[dtype]
-    out = _random_bits(key, width, shape)
+    out = random_bits(key, width, shape)
     if width < 32:
         out = ((out ^ (1 << (width - 1))) - (1 << (width - 1))).to(signed)
     return out if dtype == signed else out.view(dtype)
-
-
-def _unit(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    """jax's floats in [0, 1): random mantissa bits | exponent of 1.0, minus 1."""
-    nbits, nmant, itype = _FLOATS[dtype]
-    if nbits >= 32:
-        out = _fused.run(
-            _fused.MODE_UNIT32 if nbits == 32 else _fused.MODE_UNIT64, key, shape, dtype
-        )
-        if out is not None:
-            return out
-    if nbits == 32:
-        b = _random_bits(key, 32, shape)
-        if _inplace_ok(b):
-            b.bitwise_right_shift_(9).bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)
-            return b.view(torch.float32).sub_(1.0)
-        b = ((b >> 9) & 0x7FFFFF) | 0x3F800000
-    elif nbits == 64:
-        b = ((_random_bits(key, 64, shape) >> 12) & ((1 << 52) - 1)) | 0x3FF0000000000000
-    else:  # bfloat16 (7 mantissa bits) uses 8 random bits, like jax
-        rng_bits, one = (8, 0x3F80) if dtype == torch.bfloat16 else (16, 0x3C00)
-        b = ((_random_bits(key, rng_bits, shape) >> (rng_bits - nmant)) | one).to(itype)
-    return b.view(dtype) - 1.0
 
 
 def _param(fn: str, name: str, v: float | Tensor, dtype: torch.dtype, device) -> Tensor:
@@ -313,45 +292,6 @@ def _param(fn: str, name: str, v: float | Tensor, dtype: torch.dtype, device) ->
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"{fn}: `{name}` must be a number or a tensor, got {v!r}.")
     return torch.tensor(v, dtype=dtype, device=device)
-
-
-def _scaled(u: Tensor, lo: Tensor, hi: Tensor, exact: bool = False) -> Tensor:
-    """jax's ``max(minval, u * (maxval - minval) + minval)``; ``exact``: the product is exact.
-
-    XLA fuses float32 multiply-adds into an FMA (one rounding): we round once too,
-    via float64. It does not fuse 16-bit floats; float64 may differ by 1-2 ulp.
-    """
-    scale = hi - lo
-    if exact and lo.ndim == 0 and _inplace_ok(u) and _inplace_ok(lo):
-        return u.mul_(scale).add_(lo).clamp_min_(lo)
-    if exact or u.dtype != torch.float32:
-        return torch.maximum(lo, u * scale + lo)
-    return torch.maximum(lo, (u.double() * scale.double() + lo.double()).float())
-
-
-def _f32(x: float) -> float | None:
-    """``x`` rounded to float32 as ``torch.tensor(x, dtype=float32)`` does; None: not finite."""
-    try:
-        y = _F32.unpack(_F32.pack(x))[0]
-    except OverflowError:
-        return None
-    return y if math.isfinite(y) else None
-
-
-def _range32(key: Tensor, shape: tuple[int, ...], minval: float, maxval: float):
-    """float32 ``uniform`` with number bounds in one kernel call: ``_scaled``'s float64
-    steps (``u * (hi - lo)`` is exact there, then one rounded add, one rounding to
-    float32) and ``max(lo, .)``; None where the kernel does not serve or the bounds are
-    not finite or ``lo`` is -0.0 (``maximum``'s choice between zeros)."""
-    if torch.compiler.is_compiling():  # (dynamo traces the torch ops, not struct)
-        return None
-    lo, hi = _f32(minval), _f32(maxval)
-    if lo is None or hi is None or (lo == 0 and math.copysign(1.0, lo) < 0):
-        return None
-    scale = _f32(hi - lo)  # float32 hi - lo: exact in float64 or far below an ulp
-    if scale is None:
-        return None
-    return _fused.run(_fused.MODE_RANGE32, key, shape, torch.float32, scale, lo)
 
 
 def uniform(
@@ -415,10 +355,10 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
         # eager fast path: the same float32 ops with constants as Python floats
         # (nextafter(-1, 0) and 1 - nextafter(-1, 0) == 2 are exact in float32)
         u.mul_(2.0).add_(_NEXT_M1).clamp_min_(_NEXT_M1)
-        return _erfinv32(u).mul_(_SQRT2_32)
+        return erfinv32(u).mul_(_SQRT2_32)
     one = torch.tensor(1.0, dtype=dtype, device=key.device)
     lo = torch.nextafter(-one, torch.zeros_like(one))
-    return _sqrt2_erfinv(_scaled(u, lo, one, exact=True), dtype)
+    return sqrt2_erfinv(_scaled(u, lo, one, exact=True), dtype)
 
 
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
@@ -505,7 +445,7 @@ def truncated_normal(
     _check_broadcast("truncated_normal", shape, lo.shape, hi.shape)
     sqrt2 = torch.tensor(math.sqrt(2.0), dtype=dtype, device=key.device)
     a, b = torch.erf(lo / sqrt2), torch.erf(hi / sqrt2)
-    out = _sqrt2_erfinv(_scaled(_unit(key, shape, dtype), a, b), dtype)
+    out = sqrt2_erfinv(_scaled(_unit(key, shape, dtype), a, b), dtype)
     inf = torch.tensor(math.inf, dtype=dtype, device=key.device)
     return torch.clamp(out, torch.nextafter(lo, inf), torch.nextafter(hi, -inf))
 
@@ -571,21 +511,6 @@ def categorical(key: Tensor, logits: Tensor, axis: int = -1, shape: Shape | None
     return torch.argmax(g + logits.to(key.device), dim=axis - nd)
 
 
-def _urem(a: Tensor, s: Tensor, nbits: int) -> Tensor:
-    """Unsigned ``a % s`` with XLA's ``a % 0 == a``, on int64 bit patterns."""
-    if nbits <= 32:  # the values are non-negative int64
-        return torch.where(s == 0, a, a % torch.where(s == 0, 1, s))
-    pos = s > 0
-    s1 = torch.where(pos, s, 1)
-    r1 = (a & _MAX64) % s1
-    t = torch.full_like(s1, _MAX64) % s1 + 1  # 2**63 mod s (or s)
-    t = torch.where(t == s1, 0, t)
-    d = s1 - t
-    r_pos = torch.where(a < 0, torch.where(r1 >= d, r1 - d, r1 + t), r1)
-    r_big = torch.where((a ^ _MIN64) < (s ^ _MIN64), a, a - s)  # s >= 2**63
-    return torch.where(pos, r_pos, torch.where(s == 0, a, r_big))
-
-
 def _int_param(name: str, v: int | Tensor, device) -> Tensor:
     if isinstance(v, Tensor) and _is_int(v):
         return v.to(device=device, dtype=torch.int64)
@@ -631,23 +556,23 @@ def randint(
     _check_broadcast("randint", shape, lo.shape, hi.shape)
     info, nbits = torch.iinfo(dtype), 64 if dtype == torch.int64 else 32
     if info.bits < 32:  # like jax: astype(int32), then clip (maxval up to max + 1)
-        lo = _to_i32(lo).to(torch.int64).clamp(info.min, info.max)
-        hi = _to_i32(hi).to(torch.int64).clamp(info.min, info.max + 1)
+        lo = to_i32(lo).to(torch.int64).clamp(info.min, info.max)
+        hi = to_i32(hi).to(torch.int64).clamp(info.min, info.max + 1)
     mask, oor = -1, torch.zeros_like(hi, dtype=torch.bool)
     if nbits == 32:  # maxval beyond int32: the span is one larger
-        mask, oor = _M32, hi > _MAX32
+        mask, oor = MASK32, hi > _MAX32
         lo, hi = lo.clamp(_MIN32, _MAX32), hi.clamp(_MIN32, _MAX32)
     span = torch.where(hi <= lo, 1, (hi - lo) & mask)  # 64-bit: wrapping = uint64 diff
     span = torch.where(oor & (hi > lo), (span + 1) & mask, span)
     mult = _urem(torch.full_like(span, 1 << (nbits // 2)), span, nbits)  # 2**nbits % span
     mult = _urem((mult * mult) & mask, span, nbits)  # int64 products wrap like uint64
     k = split(key)
-    high, low = (_random_bits(k[..., i, :], nbits, shape) for i in (0, 1))
+    high, low = (random_bits(k[..., i, :], nbits, shape) for i in (0, 1))
     if nbits == 32:
-        high, low = high.to(torch.int64) & _M32, low.to(torch.int64) & _M32
+        high, low = high.to(torch.int64) & MASK32, low.to(torch.int64) & MASK32
     off = (_urem(high, span, nbits) * mult + _urem(low, span, nbits)) & mask
     out = lo + _urem(off, span, nbits)
-    return (_to_i32(out) if nbits == 32 else out).to(dtype)
+    return (to_i32(out) if nbits == 32 else out).to(dtype)
 
 
 def _shuffle(key: Tensor, x: Tensor, axis: int) -> Tensor:
@@ -660,7 +585,7 @@ def _shuffle(key: Tensor, x: Tensor, axis: int) -> Tensor:
     for _ in range(rounds):
         k = split(key)
         key = k[..., 0, :]
-        sort_keys = _random_bits(k[..., 1, :], 32, shape) ^ _MIN32  # uint32 order as int32 order
+        sort_keys = random_bits(k[..., 1, :], 32, shape) ^ _MIN32  # uint32 order as int32 order
         x = torch.take_along_dim(x, torch.sort(sort_keys, dim=dim, stable=True).indices, dim=dim)
     return x
 

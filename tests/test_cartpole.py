@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import functd as fd
-from tests.example_modules import load_example
+from tests._support.example_modules import load_example
 
 cp = load_example("cartpole")
 F64 = torch.float64

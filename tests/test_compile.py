@@ -13,13 +13,13 @@ import pytest
 import torch
 import torch._dynamo
 import torch.nn as nn
-from conformance import ENTRIES, call, output, params_for
 from hypothesis import given, settings
 from torch._dynamo.testing import CompileCounter
 from torch._dynamo.utils import counters
 
 import functd as fd
 from functd.testing import assert_close
+from tests._support.conformance import ENTRIES, call, output, params_for
 
 pytestmark = pytest.mark.compile
 

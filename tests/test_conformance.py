@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from conformance import ENTRIES, PUBLIC, call, members, output, params_for
 
 import functd as fd
 from functd.testing import assert_close, assert_max_compiles, assert_no_graph_break, variants
+from tests._support.conformance import ENTRIES, PUBLIC, call, members, output, params_for
 
 NAMES = sorted(ENTRIES)
 KEY = fd.random.key(7)

@@ -9,11 +9,11 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-from conformance import ENTRIES, call, params_for
 
 import functd as fd
 from functd._transforms._cuda_graph import signature
 from functd.testing import assert_close
+from tests._support.conformance import ENTRIES, call, params_for
 
 
 def _block():
@@ -313,6 +313,24 @@ def _batch(i, device="cpu"):
     return fd.TensorDict(
         {"x": torch.randn(16, 3, generator=g), "target": torch.randn(16, 3, generator=g)}, [16]
     ).to(device)
+
+
+def test_cuda_graph_warns_once_naming_the_changed_structure():
+    step = _faked(lambda td: td["x"] * 2, warmup=0)
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        step(fd.TensorDict({"x": x}, [2]))
+        step(fd.TensorDict({"x": x[:1]}, [1]))  # a new batch size: no warning
+    with pytest.warns(
+        fd.CudaGraphWarning,
+        match=r"structure of args\[0\] changed \(keys added: 'y'; removed: none\).*select",
+    ):
+        step(fd.TensorDict({"x": x, "y": x}, [2]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per wrapper
+        step(fd.TensorDict({"x": x, "z": x}, [2]))
+    assert step.cache_info().recordings == 4
 
 
 # ---------------------------------------------------------------- CUDA

@@ -1,6 +1,6 @@
 """functd.distributed on 2 gloo processes (127.0.0.1), started once for the module.
 
-The job (tests/distributed_worker.py) runs every check on both ranks and reports
+The job (tests/_support/dist_worker.py) runs every check on both ranks and reports
 each outcome; the tests below read the report. References: torch DDP with
 torch.optim.Adam, and the same training in one process on the full batch.
 """
@@ -13,10 +13,10 @@ import pytest
 import torch
 
 import functd as fd
-from tests._dist_job import launch
+from tests._support.dist_job import launch
 
 pytestmark = pytest.mark.distributed
-WORKER = Path(__file__).with_name("distributed_worker.py")
+WORKER = Path(__file__).parent / "_support" / "dist_worker.py"
 WORLD = 2
 
 

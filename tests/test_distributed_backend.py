@@ -1,6 +1,6 @@
 """functd.distributed on each backend: gloo on CPU here, NCCL on CUDA when there is one.
 
-The same worker (tests/_dist_backend_worker.py) runs on 2 gloo ranks on CPU, and
+The same worker (tests/_support/dist_backend_worker.py) runs on 2 gloo ranks on CPU, and
 on NCCL with one rank per CUDA device (at most 2; one device gives a 1-rank
 group, which still runs the collectives, the data-parallel step and fit on the
 GPU). The gloo run keeps the worker honest on machines without a GPU.
@@ -14,10 +14,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests._dist_job import launch
+from tests._support.dist_job import launch
 
 pytestmark = pytest.mark.distributed
-WORKER = Path(__file__).with_name("_dist_backend_worker.py")
+WORKER = Path(__file__).parent / "_support" / "dist_backend_worker.py"
 NAMES = (
     "collectives",
     "pmean_adam_equals_one_process",

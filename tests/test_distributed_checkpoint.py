@@ -5,7 +5,7 @@ without a process group, bitwise equal to the values saved; data-parallel fd.fit
 DTensor params checkpoints through DCP and resumes bitwise, also with another
 sharding.
 
-The job (tests/_dist_dcp_worker.py) runs the checks on both ranks; the tests read
+The job (tests/_support/dist_dcp_worker.py) runs the checks on both ranks; the tests read
 each rank's report, then load its folder here.
 """
 
@@ -19,10 +19,10 @@ import pytest
 import torch
 
 import functd as fd
-from tests._dist_job import launch
+from tests._support.dist_job import launch
 
 pytestmark = pytest.mark.distributed
-WORKER = Path(__file__).with_name("_dist_dcp_worker.py")
+WORKER = Path(__file__).parent / "_support" / "dist_dcp_worker.py"
 
 
 @pytest.fixture(scope="module")

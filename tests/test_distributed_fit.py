@@ -2,7 +2,7 @@
 stops with functd's error naming the cause, within the timeout + 5 s; and a
 crashed data-parallel run resumes bitwise.
 
-The job (tests/_dist_fit_worker.py) runs every check on both ranks; the tests
+The job (tests/_support/dist_fit_worker.py) runs every check on both ranks; the tests
 read each rank's report.
 """
 
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import functd as fd
-from tests._dist_job import ROOT, launch
+from tests._support.dist_job import ROOT, launch
 
 pytestmark = pytest.mark.distributed
-WORKER = Path(__file__).with_name("_dist_fit_worker.py")
-TORCHRUN_SCRIPT = Path(__file__).with_name("_torchrun_resume.py")
+WORKER = Path(__file__).parent / "_support" / "dist_fit_worker.py"
+TORCHRUN_SCRIPT = Path(__file__).parent / "_support" / "torchrun_resume.py"
 WORLD = 2
 TORCHRUN_ARGS = ["--standalone", "--nproc-per-node=2", "--max-restarts=2", "--monitor-interval=0.1"]
 TIMEOUT = 3.0  # the stalled-rank check's fd.fit(timeout=...)
@@ -123,7 +123,7 @@ def test_a_stalled_rank_ends_every_rank_within_the_timeout_with_our_error(report
 def test_torchrun_max_restarts_resumes_bitwise(tmp_path):
     """torchrun restarts both ranks after rank 1 is SIGKILLed at step 7 (epoch 2);
     the restarted ranks resume from the checkpoint of epoch 1 and then compare
-    with the same run never interrupted (tests/_torchrun_resume.py)."""
+    with the same run never interrupted (tests/_support/torchrun_resume.py)."""
     script = [str(TORCHRUN_SCRIPT), str(tmp_path), "7"]
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", *TORCHRUN_ARGS, *script],

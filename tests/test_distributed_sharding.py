@@ -1,7 +1,7 @@
 """Sharded params, FSDP2 interop, ensembles across ranks and psum over ranks, on 2
 gloo processes (marker ``distributed``).
 
-One job runs every check (tests/_dist_sharding_worker.py, two processes on
+One job runs every check (tests/_support/dist_sharding_worker.py, two processes on
 127.0.0.1, spawned once for the module); each test asserts on what it reported.
 References: the same computation on one process with plain tensors, torch.nn
 forward/backward, ``torch.distributed.all_reduce``, ``fd.vmap(axis_name=)``.
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests._dist_job import launch
+from tests._support.dist_job import launch
 
 pytestmark = pytest.mark.distributed
 
-WORKER = Path(__file__).with_name("_dist_sharding_worker.py")
+WORKER = Path(__file__).parent / "_support" / "dist_sharding_worker.py"
 WORLD = 2
 TOL = 1e-12
 

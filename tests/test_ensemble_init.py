@@ -8,11 +8,11 @@ import re
 
 import pytest
 import torch
-from conformance import ENTRIES
 
 import functd as fd
 import functd.random as fr
 from functd import _fused
+from tests._support.conformance import ENTRIES
 
 N = 5
 

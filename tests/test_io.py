@@ -1,4 +1,5 @@
-"""fd.save / fd.load: round trips, torch's safe loader, and refusal of pickled code."""
+"""fd.save / fd.load: round trips, torch's safe loader, refusal of pickled code; a view
+saves only itself; truncated, foreign or tensordict-written files are named with the fix."""
 
 import os
 import pickle
@@ -91,3 +92,80 @@ def test_payload_is_live(tmp_path):
     torch.save(Payload(marker), path)
     torch.load(path, weights_only=False)
     assert marker.read_text().strip() == "pwned"
+
+
+# ---------------------------------------------------------------- views, unreadable files, tensordict's TensorDict
+def _td(n=2):
+    return fd.TensorDict({"x": torch.randn(n, 3)}, [n])
+
+
+def test_save_of_a_view_writes_only_the_view(tmp_path):
+    big = torch.randn(1_000_000)
+    td = fd.TensorDict({"v": big[:10], "w": big[500:520:2]}, [10])
+    path = tmp_path / "view.pt"
+    fd.save(td, path)
+    assert os.path.getsize(path) < 10_000  # the whole storage would be 4 MB
+    out = fd.load(path)
+    assert_close(out, td)
+    assert out["v"].untyped_storage().nbytes() == 40
+    whole = tmp_path / "whole.pt"
+    fd.save(fd.TensorDict({"v": big}, [1_000_000]), whole)  # a full tensor: unchanged
+    assert os.path.getsize(whole) > 4_000_000
+    assert big.shape == (1_000_000,) and td["v"].data_ptr() == big.data_ptr()  # nothing copied in
+
+
+@pytest.mark.parametrize(
+    ("cut", "says"),
+    [
+        (0, r"the file is empty \(0 bytes\)"),
+        (11, r"is not a functd/torch file"),
+        (100, r"begins as a zip archive but its end .* is missing.*truncated"),
+        (-20, r"begins as a zip archive but its end .* is missing.*truncated"),
+    ],
+)
+def test_load_truncated_or_foreign_file_names_it(tmp_path, cut, says):
+    good = tmp_path / "good.pt"
+    fd.save(_td(), good)
+    data = good.read_bytes()
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"hello world" if cut == 11 else data[:cut])
+    with pytest.raises(ValueError, match=r"load\('.*bad\.pt'\): (?s:.*)" + says):
+        fd.load(bad)
+
+
+def test_load_of_code_still_refused_as_before(tmp_path):
+    path = tmp_path / "code.pt"
+    torch.save({"f": os.getcwd}, path)
+    with pytest.raises(pickle.UnpicklingError, match="safe loader"):
+        fd.load(path)
+
+
+def test_load_of_a_tensordict_memmap_folder_says_how_to_convert(tmp_path):
+    tensordict = pytest.importorskip("tensordict")
+    ref = tensordict.TensorDict({"a": torch.randn(3, 2), "n": {"b": torch.arange(3)}}, [3])
+    for writer in ("memmap", "save"):
+        folder = tmp_path / writer
+        getattr(ref, writer)(folder)
+        with pytest.raises(ValueError, match=r"tensordict's TensorDict\.memmap/save.*load_memmap"):
+            fd.load(folder)
+    # the conversion the message gives works as written
+    t = tensordict.TensorDict.load_memmap(tmp_path / "memmap").clone()
+    td = fd.TensorDict(t, batch_size=t.batch_size)
+    assert type(td) is fd.TensorDict and type(td["n"]) is fd.TensorDict
+    assert torch.equal(td["a"], ref["a"]) and torch.equal(td["n", "b"], ref["n", "b"])
+    with pytest.raises(ValueError, match="this is a folder"):
+        fd.load(tmp_path)
+
+
+def test_load_of_a_torch_saved_tensordict_returns_an_fd_tensordict(tmp_path):
+    tensordict = pytest.importorskip("tensordict")
+    ref = tensordict.TensorDict({"a": torch.randn(3, 2), "n": {"b": torch.ones(3, 1)}}, [3])
+    path = tmp_path / "td.pt"
+    torch.save({"td": ref, "many": [ref, ref]}, path)
+    out = fd.load(path)
+    for td in (out["td"], *out["many"]):
+        assert type(td) is fd.TensorDict and type(td["n"]) is fd.TensorDict
+        assert td.batch_size == ref.batch_size
+        assert torch.equal(td["a"], ref["a"]) and torch.equal(td["n", "b"], ref["n", "b"])
+    with pytest.raises(TypeError, match="immutable"):
+        out["td"]["a"] = 0

@@ -1,4 +1,5 @@
-"""functd's import graph: no circle, no upward import, no internal import of a façade.
+"""functd's import graph: no circle, no upward import, no internal import of a façade,
+no underscored name imported from another room (files are private, names are not).
 
 The rooms and what each may import are the layer diagram of notes/design.md
 ("Layers"). Every ``import`` counts, also one inside a function: a lazy import
@@ -50,6 +51,7 @@ def room(mod: str) -> str:
     sub = parts[1] if len(parts) > 1 else ""
     return {
         "random": "random",
+        "_bits_to_numbers": "random",
         "_td": "td",
         "nn": "nn",
         "_transforms": "transforms",
@@ -74,6 +76,14 @@ def modules() -> dict[str, pathlib.Path]:
     return out
 
 
+def source_of(pkg: str, node: ast.ImportFrom) -> str:
+    """The module a ``from ... import`` reads, a relative one resolved in package ``pkg``."""
+    if node.level:
+        base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
+        return ".".join(base + ([node.module] if node.module else []))
+    return node.module or ""
+
+
 def import_graph() -> dict[str, set[str]]:
     """``module -> modules it imports`` over functd's own files (``from pkg import mod``
     counts as importing ``mod``)."""
@@ -87,11 +97,7 @@ def import_graph() -> dict[str, set[str]]:
         deps = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = pkg.split(".")[: len(pkg.split(".")) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
+                target = source_of(pkg, node)
                 for alias in node.names:
                     sub = f"{target}.{alias.name}"
                     deps.add(sub if sub in mods else target)
@@ -168,3 +174,58 @@ def test_cycles_finds_a_circle():
 def test_every_file_is_in_a_room(mod):
     if mod not in FACADES:
         assert room(mod) in ALLOWED
+
+
+def private_names_across_rooms(sources: dict[str, tuple[str, bool]], mods: set[str]) -> list[str]:
+    """Each name starting with ``_`` (not a dunder) that a file imports from a file of
+    another room. ``sources``: module -> (its source, whether it is a package ``__init__``);
+    ``mods``: every module name (to tell ``from pkg import _mod``, a private *module*, which
+    is allowed, from ``from mod import _name``)."""
+
+    def room_of(mod: str) -> str:
+        return "top" if mod == "functd" else room(mod)
+
+    bad = []
+    for mod, (text, is_pkg) in sorted(sources.items()):
+        pkg = mod if is_pkg else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            target = source_of(pkg, node)
+            if target not in mods or room_of(target) == room_of(mod):
+                continue
+            for alias in node.names:
+                name = alias.name
+                private = name.startswith("_") and not (
+                    name.startswith("__") and name.endswith("__")
+                )
+                if private and f"{target}.{name}" not in mods:
+                    bad.append(
+                        f"{mod} ({room_of(mod)}) imports {name} from {target} ({room_of(target)})"
+                    )
+    return bad
+
+
+def test_no_private_name_across_rooms():
+    # a name that another room imports is public: the file may be private, the name may not
+    mods = modules()
+    sources = {
+        m: (p.read_text(), p.name == "__init__.py") for m, p in mods.items() if p.suffix == ".py"
+    }
+    assert private_names_across_rooms(sources, set(mods)) == []
+
+
+def test_private_names_across_rooms_finds_one():
+    mods = {"functd._td", "functd._td._tensordict", "functd._td._shape", "functd._modules._call"}
+    td = ("from ._tensordict import _new\n", True)  # same room: fine
+    sources = {
+        "functd._td": td,
+        "functd._modules._call": (
+            "from .._td import _shape, __all__, from_parts\n"  # a module, a dunder, a public name
+            "def f():\n    from .._td import _new as new\n",  # lazy, aliased: still counts
+            False,
+        ),
+    }
+    assert private_names_across_rooms(sources, mods) == [
+        "functd._modules._call (modules) imports _new from functd._td (td)"
+    ]

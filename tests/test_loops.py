@@ -304,3 +304,50 @@ def test_jit_fx_carry_holding_one_tensor_twice_and_size_one_dims_under_vmap():
     cb, xb = torch.randn(2, 3, dtype=D), torch.randn(2, 5, 3, dtype=D)
     vm = fd.vmap(run)
     assert_close(fd.jit(vm, backend="fx")(cb, xb), vm(cb, xb), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.compile
+def test_jit_inductor_and_torch_compile_scan_without_carry():
+    # torch 2.13's op with an empty carry fails to compile (inductor: "getitem is not an
+    # OpOverload"; dynamo refuses it): fd.scan gives it a token carry. PPO's per-epoch
+    # shuffles are such a loop.
+    def doubles(xs):
+        return fd.scan(lambda c, x: (c, x * 2), None, xs)
+
+    xs = torch.randn(5, 3, dtype=D)
+    out = fd.jit(doubles)(xs)
+    assert out[0] is None
+    assert_close(out[1], xs * 2, rtol=0, atol=0)
+    torch._dynamo.reset()
+    cnt = torch._dynamo.testing.CompileCounter()
+    out = torch.compile(doubles, backend=cnt, fullgraph=True)(xs)
+    assert cnt.frame_count == 1 and out[0] is None
+    assert_close(out[1], xs * 2, rtol=0, atol=0)
+
+
+def test_jit_fx_tensordict_indexed_by_the_loop_index():
+    # under a trace, td[i] with the loop's 0-d index tensor gathers (v[i] would read i's
+    # value: data-dependent); negative indices wrap, slices before it keep their dims
+    td = fd.TensorDict(
+        {"a": torch.randn(4, 3, dtype=D), "n": {"b": torch.randn(4, 3, 2, dtype=D)}}, [4]
+    )
+
+    def f(td):
+        def body(i, acc):
+            row = td[i]
+            back = td[i - 4]  # negative: the same row
+            return acc + row["a"] + back["n", "b"].sum(-1)
+
+        return fd.fori_loop(0, 4, body, torch.zeros(3, dtype=D))
+
+    def g(td):
+        m = fd.TensorDict({"a": td["a"].T}, [3, 4])
+
+        def body(i, acc):
+            return acc + m[:, i]["a"]
+
+        return fd.fori_loop(0, 4, body, torch.zeros(3, dtype=D))
+
+    for fn in (f, g):
+        j = fd.jit(fn, backend="fx")
+        assert_close(j(td), fn(td), rtol=1e-12, atol=1e-12)

@@ -11,13 +11,13 @@ from typing import Any
 
 import pytest
 import torch
-from nn_cases import LAYER_CASES
 from torch import nn
 
 import functd.nn as fnn
 import functd.random as fr
 from functd import TensorDict
 from functd.nn._convert import flat_state
+from tests._support.nn_cases import LAYER_CASES
 
 D = torch.float64
 

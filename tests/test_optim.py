@@ -1,4 +1,5 @@
-"""functd.optim against torch.optim: every optimizer in lockstep for 50 steps (float64).
+"""functd.optim against torch.optim: every optimizer in lockstep for 50 steps (float64);
+bad input (grads, state, hyperparameters, params) gives a clear error, inputs unchanged.
 
 Lion is not in torch.optim: its reference is the paper's Algorithm 2 written
 here as an in-place torch loop.
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 import functd as fd
-from tests.optim_cases import CASES, DT, data, grads, make_net
+from tests._support.optim_cases import CASES, DT, data, grads, make_net
+from tests._support.snapshot import assert_unchanged, snapshot
 
 STEPS = 50
 RTOL = 1e-6
@@ -288,3 +290,203 @@ def test_every_optimizer_has_a_lockstep_case():
     assert public == {"sgd", "adam", "adamw", "rmsprop", "adagrad", "lion"}
     covered = {name.split("_")[0] for name in CASES}
     assert public <= covered, f"no lockstep case for {sorted(public - covered)}"
+
+
+# ------------------------------------------------------------------ errors
+def _p():
+    return fd.TensorDict(
+        {"0": {"weight": torch.ones(4, 3, dtype=DT), "bias": torch.zeros(4, dtype=DT)}}
+    )
+
+
+def test_grads_with_a_missing_key_name_the_key():
+    params = _p()
+    opt = fd.optim.adam(1e-3)
+    state = opt.init(params)
+    grads = params.exclude(("0", "bias")).apply(torch.ones_like)
+    snap = snapshot(params, state, grads)
+    with pytest.raises(
+        ValueError,
+        match=r"fd.optim.adam.update: grads and opt_state\['exp_avg'\] differ at key \('0', 'bias'\).*keys only in opt_state",
+    ):
+        opt.update(grads, state, params)
+    assert_unchanged(snap)
+
+
+def test_grads_with_a_wrong_shape_name_the_key_and_shapes():
+    params = _p()
+    opt = fd.optim.sgd(0.1, momentum=0.9)
+    state = opt.init(params)
+    grads = params.set(("0", "weight"), torch.ones(3, 4, dtype=DT))
+    with pytest.raises(
+        ValueError,
+        match=r"differ at key \('0', 'weight'\) \(entry \('0', 'weight'\) has shape \[3, 4\] in grads but \[4, 3\]",
+    ):
+        opt.update(grads, state, params)
+
+
+def test_state_of_another_params_layout():
+    params = _p()
+    other = fd.TensorDict({"w": torch.ones(2, dtype=DT)})
+    opt = fd.optim.rmsprop()
+    state = opt.init(other)
+    with pytest.raises(
+        ValueError,
+        match=r"rmsprop.update: grads and opt_state\['square_avg'\] differ at key .*opt.init\(params\)",
+    ):
+        opt.update(params.apply(torch.ones_like), state, params)
+
+
+def test_state_of_another_optimizer():
+    params = _p()
+    state = fd.optim.sgd(0.1, momentum=0.9).init(params)
+    snap = snapshot(state)
+    with pytest.raises(
+        ValueError,
+        match=r"fd.optim.adam.update: opt_state does not come from this optimizer's init: expected the entries \['count', 'exp_avg', 'exp_avg_sq'\], got \['count', 'momentum_buffer'\]",
+    ):
+        fd.optim.adam().update(params, state, params)
+    with pytest.raises(ValueError, match=r"amsgrad or momentum on/off"):
+        fd.optim.adam(amsgrad=True).update(params, fd.optim.adam().init(params), params)
+    with pytest.raises(ValueError, match=r"fd.optim.chain.update: opt_state does not come"):
+        fd.optim.chain(fd.optim.clip(1.0), fd.optim.adam()).update(params, state, params)
+    assert_unchanged(snap)
+
+
+def test_state_that_is_not_a_tensordict():
+    params = _p()
+    with pytest.raises(
+        TypeError, match=r"fd.optim.adam.update: opt_state must be a functd TensorDict, got a dict"
+    ):
+        fd.optim.adam().update(params, {}, params)
+
+
+@pytest.mark.parametrize(
+    ("make", "match"),
+    [
+        (
+            lambda: fd.optim.adam(lr=-1.0),
+            r"fd.optim.adam\(lr=-1.0\): lr must be a finite number >= 0. To maximize",
+        ),
+        (lambda: fd.optim.sgd(lr=-0.1), r"fd.optim.sgd\(lr=-0.1\): lr must be"),
+        (lambda: fd.optim.adamw(lr=float("nan")), r"fd.optim.adamw\(lr=nan\)"),
+        (lambda: fd.optim.adam(b1=1.0), r"fd.optim.adam\(b1=1.0\): b1 must be in \[0, 1\)"),
+        (lambda: fd.optim.adam(b2=-0.1), r"fd.optim.adam\(b2=-0.1\): b2 must be in \[0, 1\)"),
+        (lambda: fd.optim.lion(b2=1.5), r"fd.optim.lion\(b2=1.5\): b2 must be in \[0, 1\)"),
+        (lambda: fd.optim.rmsprop(alpha=1.0), r"fd.optim.rmsprop\(alpha=1.0\): alpha must be in"),
+        (lambda: fd.optim.adam(eps=-1e-8), r"fd.optim.adam\(eps=-1e-08\): eps must be a finite"),
+        (lambda: fd.optim.sgd(momentum=-0.5), r"fd.optim.sgd\(momentum=-0.5\)"),
+        (lambda: fd.optim.adagrad(weight_decay=-1), r"fd.optim.adagrad\(weight_decay=-1\)"),
+        (lambda: fd.optim.adagrad(lr_decay=-1.0), r"fd.optim.adagrad\(lr_decay=-1.0\)"),
+        (
+            lambda: fd.optim.adagrad(initial_accumulator_value=-1.0),
+            r"fd.optim.adagrad\(initial_accumulator_value=-1.0\)",
+        ),
+        (lambda: fd.optim.rmsprop(momentum=-1.0), r"fd.optim.rmsprop\(momentum=-1.0\)"),
+        # several bad values: the first in signature order is named
+        (lambda: fd.optim.rmsprop(-1.0, alpha=2.0), r"fd.optim.rmsprop\(lr=-1.0\)"),
+        (lambda: fd.optim.lion(b2=2.0, weight_decay=-1.0), r"fd.optim.lion\(b2=2.0\)"),
+        (lambda: fd.optim.adamw(eps=-1.0, weight_decay=-1.0), r"fd.optim.adamw\(eps=-1.0\)"),
+        (
+            lambda: fd.optim.sgd(-0.1, momentum=0.0, nesterov=True),
+            r"fd.optim.sgd\(lr=-0.1\)",
+        ),
+        (
+            lambda: fd.optim.sgd(0.1, nesterov=True),
+            r"fd.optim.sgd\(nesterov=True\) needs momentum > 0 and dampening = 0",
+        ),
+        (lambda: fd.optim.scale_by_learning_rate(-1e-3), r"scale_by_learning_rate\(lr=-0.001\)"),
+        (
+            lambda: fd.optim.cosine_decay(1.0, 0),
+            r"fd.optim.cosine_decay\(decay_steps=0\): decay_steps must be an int >= 1",
+        ),
+        (
+            lambda: fd.optim.warmup_cosine_decay(0.0, 1.0, 10, 10),
+            r"decay_steps counts the warmup too",
+        ),
+        (lambda: fd.optim.exponential_decay(1.0, 10, 0.0), r"decay_rate must be > 0"),
+    ],
+)
+def test_bad_hyperparameters(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_non_floating_params_name_the_key_and_say_to_split_them_off():
+    params = _p().set(("bn", "num_batches_tracked"), torch.tensor(3))
+    snap = snapshot(params)
+    for opt in (
+        fd.optim.adam(),
+        fd.optim.clip(1.0),
+        fd.optim.chain(fd.optim.clip(1.0), fd.optim.sgd()),
+    ):
+        with pytest.raises(
+            TypeError,
+            match=r"params entry \('bn', 'num_batches_tracked'\) has dtype torch.int64.*split "
+            r"non-trainable entries.*fd.partition\(params, fd.trainable\(model\)\).*fd.combine",
+        ):
+            opt.init(params)
+    assert_unchanged(snap)
+
+
+def test_params_that_are_not_a_tensordict():
+    with pytest.raises(
+        TypeError, match=r"fd.optim.sgd.init: params must be a functd TensorDict, got a dict. Wrap"
+    ):
+        fd.optim.sgd().init({"w": torch.ones(2)})
+
+
+def test_weight_decay_needs_params():
+    params = _p()
+    opt = fd.optim.adamw(1e-3)
+    with pytest.raises(
+        ValueError,
+        match=r"fd.optim.adamw.update: weight_decay=0.01 needs the current params; call opt.update\(grads, opt_state, params\)",
+    ):
+        opt.update(params, opt.init(params))
+    blk = fd.optim.add_decayed_weights(0.1)
+    with pytest.raises(
+        ValueError,
+        match=r"add_decayed_weights.update: add_decayed_weights needs the current params",
+    ):
+        blk.update(params, blk.init(params))
+
+
+def test_apply_updates_mismatch():
+    params = _p()
+    with pytest.raises(
+        ValueError,
+        match=r"fd.optim.apply_updates: params and updates differ at key \('0', 'bias'\)",
+    ):
+        fd.optim.apply_updates(params, params.exclude(("0", "bias")))
+    with pytest.raises(TypeError, match=r"apply_updates: updates must be a functd TensorDict"):
+        fd.optim.apply_updates(params, [torch.ones(1)])
+
+
+def test_chain_and_wrappers_reject_non_transformations():
+    with pytest.raises(
+        TypeError,
+        match=r"fd.optim.chain: argument 1 is a function, not a GradientTransformation.*call the factory",
+    ):
+        fd.optim.chain(fd.optim.clip(1.0), fd.optim.adam)
+    with pytest.raises(TypeError, match=r"fd.optim.skip_nonfinite wraps a GradientTransformation"):
+        fd.optim.skip_nonfinite(fd.optim.adam)
+    with pytest.raises(TypeError, match=r"takes the factory, not a built optimizer"):
+        fd.optim.inject_hyperparams(fd.optim.adam(1e-3))
+    with pytest.raises(
+        TypeError, match=r"inject_hyperparams\(adam\): got an unexpected keyword argument 'betas'"
+    ):
+        fd.optim.inject_hyperparams(fd.optim.adam)(betas=(0.9, 0.99))
+    with pytest.raises(ValueError, match=r"fd.optim.adam\(lr=-1\)"):
+        fd.optim.inject_hyperparams(fd.optim.adam)(lr=-1)
+
+
+def test_inject_state_with_other_hyperparams():
+    params = _p()
+    a = fd.optim.inject_hyperparams(fd.optim.adam)(lr=1e-3)
+    b = fd.optim.inject_hyperparams(fd.optim.adam)(lr=1e-3, b1=0.8)
+    with pytest.raises(
+        ValueError,
+        match=r"opt_state\['hyperparams'\]\): opt_state does not come from this optimizer's init: expected the entries \['b1', 'lr'\], got \['lr'\]",
+    ):
+        b.update(params, a.init(params), params)

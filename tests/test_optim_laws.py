@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import functd as fd
 from functd.testing import assert_close, tensordicts
-from tests.optim_cases import CASES, DT, data, grads, make_net
+from tests._support.optim_cases import CASES, DT, data, grads, make_net
 
 OPTIMIZERS = {name: make for name, (make, _) in CASES.items()}
 OPTIMIZERS["chain_clip_adamw_cosine"] = lambda: fd.optim.chain(
@@ -148,7 +148,7 @@ def test_vmap_train_step_over_members_and_keys():
         noise = fd.random.normal(key, b["y"].shape, dtype=DT) * 0.01
         return ((fd_forward(p, b["x"]) - b["y"] - noise) ** 2).mean(), {"noise": noise.std()}
 
-    from tests.optim_cases import forward as fd_forward
+    from tests._support.optim_cases import forward as fd_forward
 
     opt = fd.optim.adam(1e-2)
     step = fd.train_step(loss_fn, opt)
@@ -193,7 +193,7 @@ def test_compiled_step_equals_eager_without_recompiling(name):
 def test_inductor_train_step_fullgraph_equals_eager():
     torch._dynamo.reset()
     x, y = data()
-    from tests.optim_cases import forward
+    from tests._support.optim_cases import forward
 
     def loss_fn(p, b, key):
         return ((forward(p, b["x"]) - b["y"]) ** 2).mean()
@@ -309,7 +309,7 @@ def test_save_load_round_trip_of_params_and_state(tmp_path):
 # ------------------------------------------------------------------ interop
 def test_to_module_after_training_gives_the_trained_torch_module():
     x, y = data()
-    from tests.optim_cases import forward
+    from tests._support.optim_cases import forward
 
     def loss_fn(p, b, key):
         return ((forward(p, b["x"]) - b["y"]) ** 2).mean()

@@ -13,7 +13,7 @@ import torch
 from torch import distributions as D
 
 import functd as fd
-from tests.example_modules import load_example
+from tests._support.example_modules import load_example
 
 P = load_example("ppo_agents")
 F64 = torch.float64

@@ -569,3 +569,23 @@ def test_normal_head_random_invalid_params_raise_torchs_error(loc, scale, match)
             head(None, td, key=fd.random.key(0), interaction=fd.InteractionType.RANDOM)
     finally:
         D.Distribution.set_default_validate_args(before)
+
+
+def _x():
+    return fd.TensorDict({"x": torch.randn(2, 3)}, [2])
+
+
+def test_probabilistic_sequential_rejects_extra_entries():
+    pol = fd.ProbabilisticSequential(
+        fd.Module(nn.Linear(3, 4), ["x"], ["h"]),
+        fd.Module(fd.NormalParamExtractor(), ["h"], ["loc", "scale"]),
+        fd.Probabilistic(["loc", "scale"], ["action"], torch.distributions.Normal),
+    )
+    params = fd.from_module(pol)
+    bad = params.set("9", params["0"])
+    full = pol(params, _x())
+    for m in (pol, pol[:2], pol[:1], pol.select_out_keys("action")):
+        with pytest.raises(KeyError, match=r"unexpected entry '9'"):
+            m(bad, full)
+    td = _x()
+    assert_close(pol[1:](params, pol[:1](params, td))["action"], pol(params, td)["action"])

@@ -17,12 +17,12 @@ import math
 
 import pytest
 import torch
-from conformance import Residual
 from torch import nn
 
 import functd as fd
 from functd._modules._call import ModuleKind
 from functd.testing import assert_close
+from tests._support.conformance import Residual
 
 D = torch.float64
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-from random_cases import SAMPLERS
 
 import functd.random as fr
+from tests._support.random_cases import SAMPLERS
 
 VECTORS = json.loads(
-    (pathlib.Path(__file__).parent / "data" / "jax_random_vectors.json").read_text()
+    (pathlib.Path(__file__).parent / "_support" / "data" / "jax_random_vectors.json").read_text()
 )
 DTYPES = {
     name: getattr(torch, name)

@@ -13,13 +13,13 @@ import threading
 import warnings
 
 import pytest
-import random_cases
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
 import functd.random as fr
 from functd import _fused
+from tests._support import random_cases
 
 SAMPLERS = {**random_cases.SAMPLERS, **random_cases.FUSED_EXTRA}
 
@@ -110,14 +110,14 @@ def test_normal_tails_listed_past_the_room_kept_for_them(kernel, monkeypatch):
 def test_counters_across_the_low_word_wrap(kernel, n):
     # element i of a run hashes (i >> 32, i & 0xffffffff): a run crossing 2**32 is cut
     # where the low word wraps (runs of 4 interleaved hashes and a tail on each side)
-    from functd._threefry import _threefry2x32, _to_i32
+    from functd._threefry import threefry2x32, to_i32
 
     keys = fr.split(fr.key(n), 2)
     first = 2**32 - 5
     got = _fused.run(_fused.MODE_BITS32, keys, (n,), torch.int32, first=first)
     idx = torch.arange(first, first + n, dtype=torch.int64)
-    b0, b1 = _threefry2x32(
-        keys[:, None, 0], keys[:, None, 1], _to_i32(idx >> 32), _to_i32(idx & 0xFFFFFFFF)
+    b0, b1 = threefry2x32(
+        keys[:, None, 0], keys[:, None, 1], to_i32(idx >> 32), to_i32(idx & 0xFFFFFFFF)
     )
     assert_bitwise(got, b0 ^ b1)
 

@@ -1,7 +1,7 @@
 """functd.random under vmap: batched keys stay in the fused kernel (one call over every
 key of every level), with jax.random's bits and the eager loop's bits.
 
-References: jax.random under jax.vmap (stored vectors, tests/data/jax_vmap_vectors.json,
+References: jax.random under jax.vmap (stored vectors, tests/_support/data/jax_vmap_vectors.json,
 made by make_jax_vmap_vectors.py), the eager loop over the keys, and the pure torch-op
 path (which torch.func batches op by op).
 """
@@ -12,16 +12,18 @@ import json
 import pathlib
 
 import pytest
-import random_cases
 import torch
 from test_random import as_signed, decode, ulp_distance
 
 import functd as fd
 import functd.random as fr
 from functd import _fused
+from tests._support import random_cases
 
 SAMPLERS = {**random_cases.SAMPLERS, **random_cases.FUSED_EXTRA}
-VECTORS = json.loads((pathlib.Path(__file__).parent / "data" / "jax_vmap_vectors.json").read_text())
+VECTORS = json.loads(
+    (pathlib.Path(__file__).parent / "_support" / "data" / "jax_vmap_vectors.json").read_text()
+)
 SIDE = (_fused.MODE_ERFINV_GATHER, _fused.MODE_ERFINV_GT)  # only where |x| > 0.9966
 
 

@@ -232,10 +232,10 @@ def test_bad_resume_arguments(tmp_path):
 def test_sigkill_at_random_moments_and_inside_writes_then_resume_is_bitwise(tmp_path):
     """A driver kills the training with SIGKILL 3 times at random moments and 6
     times inside checkpoint writes (half-written temp file, before each rename),
-    resuming each time (tests/_resume_job.py; the larger battery is in
+    resuming each time (tests/_support/resume_job.py; the larger battery is in
     notes/reliability.md)."""
     proc = subprocess.run(
-        [sys.executable, "-m", "tests._resume_job", str(tmp_path), *JOB_ARGS],
+        [sys.executable, "-m", "tests._support.resume_job", str(tmp_path), *JOB_ARGS],
         cwd=ROOT,
         env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
         capture_output=True,

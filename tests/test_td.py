@@ -1,7 +1,9 @@
 """TensorDict basics: construction, reading, pure writes, leafwise helpers, repr.
 
 Where functd follows tensordict (``len``, nested key sets, ``from_dict``), the
-tests compare with ``tensordict.TensorDict`` directly.
+tests compare with ``tensordict.TensorDict`` directly. Bad input (a batch size the
+leaves disagree with, a leaf that is not a tensor, mixed devices, an in-place write)
+raises an error that names the entry and the fix, and leaves its inputs unchanged.
 """
 
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import given
 
 import functd as fd
 from functd.testing import assert_close, example_tensordicts, tensordicts
+from tests._support.snapshot import Snapshot, unchanged_example
 
 
 def make():
@@ -79,6 +82,47 @@ def test_empty():
     assert td.is_empty()
     assert fd.TensorDict({"a": {}}, [3]).is_empty()
     assert not make().is_empty()
+
+
+# the lean construction path (flat dicts of tensors) against the general one: the same
+# errors, order, nesting and aliasing
+X = torch.zeros(4, 3)
+
+
+@pytest.mark.parametrize(
+    "source, bs, err, pat",
+    [
+        ({"x": torch.zeros(3, 3)}, [4], ValueError, r"'x' has shape \[3, 3\]"),
+        ({"x": torch.zeros(())}, [4], ValueError, r"'x' has shape \[\]"),  # 0-dim leaf
+        ({"x": X, "y": torch.zeros(4, 2), "z": torch.zeros(5)}, [4], ValueError, "'z'"),
+        ({"x": X}, [4, 3, 1], ValueError, r"'x' has shape \[4, 3\]"),
+        ({"x": 1.0}, [4], TypeError, "'x'"),
+        ({"x": [X]}, [4], TypeError, "'x'"),
+        ({1: X}, [4], TypeError, "1"),
+        ({("a", "b"): X}, [4], TypeError, "Nest mappings instead"),
+        ({"x": X}, [-1], ValueError, "batch"),
+        ({"x": X}, [True], ValueError, "batch"),
+        ({"x": X}, [4.0], TypeError, "batch"),
+        ({"x": {"y": torch.zeros(5)}}, [4], ValueError, r"\('x', 'y'\)|'x', 'y'"),
+    ],
+)
+def test_construction_errors_are_still_raised(source, bs, err, pat):
+    with pytest.raises(err, match=pat):
+        fd.TensorDict(source, bs)
+
+
+def test_construction_keeps_order_converts_nested_and_never_aliases_the_source():
+    p = torch.nn.Parameter(torch.zeros(4, 2))
+    src = {"b": X, "a": p, "n": {"c": X}}
+    td = fd.TensorDict(src, [4])
+    assert list(td.keys()) == ["b", "a", "n"]
+    assert td["a"] is p and td["b"] is X
+    assert isinstance(td["n"], fd.TensorDict) and td["n"].batch_size == (4,)
+    src["b"] = None  # the caller's dict is not the TensorDict's storage
+    assert td["b"] is X
+    for bs in ([], [4], torch.Size([4, 3]), (4,), 4):
+        flat = {"x": X, "y": X}
+        assert fd.TensorDict(flat, bs).batch_size == torch.Size([bs] if isinstance(bs, int) else bs)
 
 
 # ------------------------------------------------------------------ reading
@@ -410,3 +454,122 @@ def test_from_dict_agrees_with_tensordict():
     ):
         ref = tensordict.TensorDict.from_dict(d, auto_batch_size=True)
         assert fd.TensorDict.from_dict(d).batch_size == ref.batch_size
+
+
+@pytest.fixture
+def td():
+    """A nested TensorDict the test must leave unchanged (checked at teardown)."""
+    yield from unchanged_example()
+
+
+# ------------------------------------------------------------------ batch size errors
+def test_leaf_leading_dims_disagree():
+    x = torch.randn(4, 3)
+    source = {"x": x}
+    with pytest.raises(ValueError, match=r"entry 'x' has shape \[4, 3\].*batch size \[5\]"):
+        fd.TensorDict(source, [5])
+    assert source["x"] is x and list(source) == ["x"]
+    with pytest.raises(ValueError, match=r"batch_size=\[4\]"):  # the suggestion fits the leaf
+        fd.TensorDict(source, [5])
+
+
+def test_nested_leaf_disagrees_names_full_path():
+    with pytest.raises(ValueError, match=r"entry \('obs', 'pos'\) has shape \[5\].*\[5, 2\]"):
+        fd.TensorDict({"obs": {"pos": torch.zeros(5)}}, [5, 2])
+    inner = fd.TensorDict({"b": torch.zeros(4)}, [4])
+    with pytest.raises(ValueError, match=r"'a' has a nested TensorDict of batch_size \[4\]"):
+        fd.TensorDict({"a": inner}, [5])
+
+
+def test_set_wrong_shape(td):
+    with pytest.raises(ValueError, match=r"entry 'y' has shape \[4\].*batch size \[5\]"):
+        td.set("y", torch.zeros(4))
+    with pytest.raises(ValueError, match=r"entry \('obs', 'pos'\) has shape \[4, 2\]"):
+        td.set(("obs", "pos"), torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"entry \('obs', 'v'\)"):
+        td.update({"obs": {"v": torch.zeros(3)}})
+
+
+@pytest.mark.parametrize(
+    "bs, exc",
+    [([-1], ValueError), ([5, -2], ValueError), ([2.0], TypeError), ("5", TypeError)],
+)
+def test_bad_batch_dims(bs, exc):
+    x = torch.zeros(5)
+    with pytest.raises(exc, match=r"batch_size must be a sequence of non-negative ints"):
+        fd.TensorDict({"x": x}, bs)
+
+
+def test_bool_batch_dim_rejected():
+    with pytest.raises((TypeError, ValueError), match=r"non-negative ints, got \[True\]"):
+        fd.TensorDict({}, [True])
+
+
+# ------------------------------------------------------------------ leaf errors
+@pytest.mark.parametrize("value, tname", [(3, "int"), ([1, 2], "list"), ("a", "str")])
+def test_non_tensor_leaf(value, tname):
+    source = {"x": torch.zeros(2), "bad": value}
+    with pytest.raises(TypeError, match=rf"entry 'bad' has type {tname}.*torch\.as_tensor"):
+        fd.TensorDict(source, [2])
+    assert source["bad"] is value
+
+
+def test_non_tensor_nested_and_set(td):
+    with pytest.raises(TypeError, match=r"entry \('a', 'b'\) has type float"):
+        fd.TensorDict({"a": {"b": 1.0}}, [])
+    with pytest.raises(TypeError, match=r"entry 'y' has type int"):
+        td.set("y", 1)
+    with pytest.raises(TypeError, match=r"entry 'x' has type int"):
+        td.update({"x": 1})
+
+
+def test_mixed_devices_when_device_given():
+    meta = torch.empty(3, device="meta")
+    source = {"a": torch.zeros(3), "b": {"c": meta}}
+    with pytest.raises(ValueError, match=r"device=cpu, but entry \('b', 'c'\) is on meta.*\.to"):
+        fd.TensorDict(source, [3], device="cpu")
+    assert source["b"]["c"] is meta
+    inner = fd.TensorDict({"c": meta}, [3])
+    snap = Snapshot(inner)
+    with pytest.raises(ValueError, match=r"entry \('b', 'c'\) is on meta"):
+        fd.TensorDict({"b": inner}, [3], device=torch.device("cpu"))
+    snap.check()
+
+
+# ------------------------------------------------------------------ immutability errors
+def test_setitem(td):
+    with pytest.raises(TypeError, match=r"td\['x'\] = value.*td\.set\('x', value\)"):
+        td["x"] = torch.zeros(5, 3)
+    with pytest.raises(TypeError, match=r"td\.set\(\('obs', 'pos'\), value\)"):
+        td["obs", "pos"] = torch.zeros(5, 2)
+
+
+def test_setattr(td):
+    with pytest.raises(TypeError, match=r"cannot assign attribute 'x'.*td\.set\('x', value\)"):
+        td.x = torch.zeros(5, 3)
+    with pytest.raises(TypeError, match=r"immutable"):
+        td._data = {}
+    with pytest.raises(TypeError, match=r"immutable"):
+        del td.x
+
+
+def test_delitem(td):
+    with pytest.raises(TypeError, match=r"del td\['x'\].*td\.exclude\('x'\)"):
+        del td["x"]
+
+
+@pytest.mark.parametrize(
+    "name, pure",
+    [("update_", "update"), ("set_", "set"), ("apply_", "apply"), ("zero_", "apply")],
+)
+def test_inplace_methods_point_to_pure(td, name, pure):
+    with pytest.raises(AttributeError, match=rf"no in-place method '{name}'.*td\.{pure}\("):
+        getattr(td, name)
+    with pytest.raises(TypeError, match=rf"td\.{pure}\("):  # also a TypeError, as design.md says
+        getattr(td, name)
+    assert not hasattr(td, name)
+
+
+def test_unknown_attribute(td):
+    with pytest.raises(AttributeError, match=r"no attribute 'nope'"):
+        td.nope

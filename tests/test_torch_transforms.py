@@ -1,6 +1,8 @@
 """TensorDicts under the plain torch transforms: torch.func, torch.compile, torch.export.
 
-No functd wrapper here: the pytree registration alone must make these work.
+No functd wrapper here: the pytree registration alone must make these work. And the
+other way round: functd's eager fast paths (gated by ``functd._eager.plain``) step aside
+under every torch.func level and while torch.compile traces.
 """
 
 import pytest
@@ -308,3 +310,36 @@ def test_export_save_load(tmp_path):
     assert isinstance(out, fd.TensorDict)
     assert out.batch_size == torch.Size([5])
     assert_close(out, net(other))
+
+
+# ------------------------------------------------------------------ functd's eager paths step aside
+# functd._eager.plain gates every eager fast path (foreach optimizers, in-place PRNG,
+# train_step's autograd.grad): True on plain tensors only, False under torch.func's
+# levels (the reference: torch's own is_functorch_wrapped_tensor on the same values)
+def test_plain_is_false_under_every_torch_func_level():
+    from functd._eager import plain
+
+    x = torch.zeros(3)
+    wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+    assert plain([x]) and plain([]) and plain([x, torch.nn.Parameter(x)])
+    seen = []
+
+    def probe(t):
+        seen.append((plain([t]), plain([x, t]), wrapped(t)))
+        return t.sum()
+
+    torch.func.vmap(probe)(torch.zeros(2, 3))
+    torch.func.grad(probe)(x)
+    torch.func.jvp(probe, (x,), (x,))
+    assert seen == [(False, False, True)] * 3
+
+
+def test_plain_is_false_while_compiling():
+    from functd._eager import plain
+
+    @torch.compile(backend="eager", fullgraph=True)
+    def f(t):
+        return t + 1 if plain([t]) else t - 1
+
+    assert f(torch.zeros(2)).tolist() == [-1.0, -1.0]  # traced: the general path
+    assert plain([torch.zeros(2)])  # eager again afterwards

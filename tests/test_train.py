@@ -1,13 +1,16 @@
-"""fd.train_step and fd.fit: the same numbers as a hand-written loop, pure, with history."""
+"""fd.train_step and fd.fit: the same numbers as a hand-written loop, pure, with history;
+bad arguments and non-scalar losses refused with a clear error; the progress line."""
 
 import importlib.util
 
 import pytest
 import torch
+from torch import nn
 
 import functd as fd
 from functd.testing import assert_close
-from tests.optim_cases import DT, data, forward, make_net
+from tests._support.optim_cases import DT, data, forward, make_net
+from tests._support.snapshot import assert_unchanged, snapshot
 
 
 def loss_fn(p, batch, key):
@@ -192,3 +195,73 @@ def test_train_step_is_a_frozen_value_equal_to_the_function_it_describes():
     torch.testing.assert_close(new["w"], w.detach())
     torch.testing.assert_close(metrics["loss"], loss.detach())
     assert torch.equal(params["w"], torch.tensor([1.0, 2.0]))  # not modified
+
+
+# ---------------------------------------------------------------- errors
+def _p():
+    return fd.TensorDict(
+        {"0": {"weight": torch.ones(4, 3, dtype=DT), "bias": torch.zeros(4, dtype=DT)}}
+    )
+
+
+def test_train_step_rejects_bad_arguments_and_non_scalar_losses():
+    params = _p()
+    with pytest.raises(
+        TypeError,
+        match=r"fd.train_step\(loss_fn, optimizer\): optimizer must be a GradientTransformation",
+    ):
+        fd.train_step(lambda p, b, k: p["0", "bias"].sum(), fd.optim.adam)
+
+    def per_example(p, b, k):
+        return p["0", "bias"] * 2
+
+    step = fd.train_step(per_example, fd.optim.sgd(0.1))
+    snap = snapshot(params)
+    with pytest.raises(
+        TypeError,
+        match=r"fd.train_step\(per_example, ...\): loss_fn\(params, batch, key\) must return a scalar tensor .* got a tensor of shape \[4\]. Reduce",
+    ):
+        step(params, fd.optim.sgd(0.1).init(params), None, None)
+    assert_unchanged(snap)
+
+    def bad_aux(p, b, k):
+        return p["0", "bias"].sum(), "note"
+
+    step = fd.train_step(bad_aux, fd.optim.sgd(0.1))
+    with pytest.raises(
+        TypeError, match=r"the aux of loss_fn must be a tensor, a dict of tensors or a TensorDict"
+    ):
+        step(params, fd.optim.sgd(0.1).init(params), None, None)
+
+
+def test_fit_rejects_iterators_for_several_epochs_and_bad_epochs():
+    params = _p()
+    opt = fd.optim.sgd(0.1)
+    step = fd.train_step(lambda p, b, k: (p["0", "bias"] ** 2).sum(), opt)
+    state = opt.init(params)
+    with pytest.raises(
+        ValueError, match=r"fd.fit: batches is an iterator, which is exhausted after one epoch"
+    ):
+        fd.fit(step, params, state, iter([None, None]), epochs=2, progress=False)
+    with pytest.raises(ValueError, match=r"fd.fit\(epochs=0\): epochs must be an int >= 1"):
+        fd.fit(step, params, state, [None], epochs=0, progress=False)
+    with pytest.raises(ValueError, match=r"fd.fit: batches gave no batch"):
+        fd.fit(step, params, state, [], progress=False)
+
+
+@pytest.mark.parametrize("n, word", [(1, "1 step,"), (8, "8 steps,")])
+def test_fit_progress_line_counts_steps(monkeypatch, capsys, n, word):
+    import functd._train as train
+
+    monkeypatch.setattr(train, "_progress_bar", lambda total, desc: None)
+    model = fd.Module(nn.Linear(1, 1), ["x"], ["pred"])
+
+    def loss_fn(p, batch, key):
+        return ((model(p, batch)["pred"] - batch["y"]) ** 2).mean()
+
+    params = fd.from_module(model)
+    opt = fd.optim.sgd(0.1)
+    batches = [fd.TensorDict({"x": torch.ones(4, 1), "y": torch.zeros(4, 1)}, [4])] * n
+    fd.fit(fd.train_step(loss_fn, opt), params, opt.init(params), batches)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("epoch 1/1: loss ") and f"({word}" in line

@@ -11,11 +11,11 @@ import copy
 
 import pytest
 import torch
-from conformance import ENTRIES, members, output, params_for
-from conformance import call as call_entry
 
 import functd as fd
 from functd.testing import assert_close
+from tests._support.conformance import ENTRIES, members, output, params_for
+from tests._support.conformance import call as call_entry
 
 NAMES = sorted(ENTRIES)
 KEY = fd.random.key(7)
@@ -23,7 +23,7 @@ M = 3  # ensemble members
 
 
 def call(m, params, td):
-    """The output td (a stateful module's new state is checked in test_batchnorm.py)."""
+    """The output td (a stateful module's new state is checked in test_nn_batchnorm.py)."""
     return output(call_entry(m, params, td, KEY))
 
 

@@ -3,7 +3,7 @@ functd.optim, functd.random, functd.distributed, functd.testing) annotates every
 parameter and its return; and mypy passes on functd/ and on tests/typing/ (the public
 types as users see them: ``td["x"]`` is ``Tensor | TensorDict``, ``td.set(...)`` a
 ``TensorDict``) is run by ``make lint`` and CI (``make typecheck``), with the
-configuration in pyproject.toml (notes/typing.md)."""
+configuration in pyproject.toml (notes/docs.md, "Types")."""
 
 from __future__ import annotations
 

@@ -1,13 +1,17 @@
-"""fd.vmap: per-entry in_dims/out_dims over TensorDicts, batch sizes, errors."""
+"""fd.vmap: per-entry in_dims/out_dims over TensorDicts, batch sizes, errors, and its
+one-walk flatten of the arguments against torch.utils._pytree's."""
 
+import collections
 import inspect
 
 import pytest
 import torch
+import torch.utils._pytree as torch_pytree
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import functd as fd
+from functd._transforms._vmap import _walk
 from functd.testing import assert_close, tensordicts
 
 
@@ -361,3 +365,53 @@ def test_none_arguments_are_leaves_that_are_never_mapped():
     # an int in_dims broadcast over a tuple holding None maps the tensors only
     out2 = fd.vmap(lambda t, k: t["x"] + 1, in_dims=0)(td, None)
     torch.testing.assert_close(out2, td["x"] + 1)
+
+
+# ------------------------------------------------------------------ the one-walk flatten
+# fd.vmap flattens its arguments in one walk: the spec and leaves torch.utils._pytree gives
+NT = collections.namedtuple("NT", "a b")
+
+
+def trees():
+    tensors = st.builds(lambda n: torch.zeros(2, n), st.integers(1, 3))
+    leaves = st.one_of(tensors, st.none())
+
+    def extend(children):
+        tds = st.dictionaries(st.sampled_from("abc"), tensors, min_size=1).map(
+            lambda d: fd.TensorDict(d, [2])
+        )
+        return st.one_of(
+            st.lists(children, max_size=3),
+            st.lists(children, max_size=3).map(tuple),
+            st.dictionaries(st.sampled_from("xyz"), children, max_size=3),
+            st.tuples(children, children).map(lambda t: NT(*t)),
+            tds,
+        )
+
+    return st.recursive(leaves, extend, max_leaves=8)
+
+
+@given(trees())
+def test_one_walk_spec_and_leaves_equal_torch_pytree(tree):
+    found = []
+    spec = _walk("f", (tree,), None, (), found)
+    leaves, ref = torch_pytree.tree_flatten((tree,))
+    assert spec == ref
+    assert len(found) == len(leaves) and all(a is b.value for a, b in zip(leaves, found))
+
+
+def test_vmap_with_nested_in_dims_and_none_leaves():
+    td = fd.TensorDict({"p": torch.randn(3, 2), "q": {"r": torch.randn(3, 4)}}, [3])
+    data = {"u": torch.randn(5), "none": None, "w": [torch.randn(3, 5), None]}
+
+    def f(t, d):
+        assert d["none"] is None and d["w"][1] is None
+        return t["p"].sum() + t["q", "r"].sum() + d["u"].sum() + d["w"][0].sum()
+
+    out = fd.vmap(f, in_dims=({"p": 0, "q": 0}, {"u": None, "none": None, "w": [0, None]}))(
+        td, data
+    )
+    expect = td["p"].sum(1) + td["q", "r"].sum(1) + data["u"].sum() + data["w"][0].sum(1)
+    torch.testing.assert_close(out, expect)
+    with pytest.raises(ValueError, match="mapped differently"):
+        fd.vmap(f, in_dims=({"p": 0, "q": None}, None))(td, data)

@@ -70,7 +70,7 @@ from typing import Any
 import torch
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _new
+from .._td import Key, TensorDict, from_parts
 from ..random import as_key, fold_in
 from ._keys import key_diff
 
@@ -84,7 +84,7 @@ _EMPTY = None
 def _empty_params() -> TensorDict:
     global _EMPTY
     if _EMPTY is None:
-        _EMPTY = _new({}, torch.Size([]))
+        _EMPTY = from_parts({}, torch.Size([]))
     return _EMPTY
 
 
@@ -228,7 +228,7 @@ class ModuleKind(Frozen):
             if c.has_params:
                 idx = int(name) if name.isdigit() else i
                 data[name] = c.init(fold_in(key, idx), dtype=dtype, device=device)
-        return _new(data, torch.Size([]))
+        return from_parts(data, torch.Size([]))
 
     # ------------------------------------------------------------ call
     #: The call keywords besides ``key=`` that are options of this kind, not tensors
@@ -246,7 +246,7 @@ class ModuleKind(Frozen):
         working copy of its entries, which becomes the new td."""
         data = dict(td._data)
         self.run(params, data, td._batch_size, opts)
-        return _new(data, td._batch_size)
+        return from_parts(data, td._batch_size)
 
     def call_options(self, key: Any = None) -> Options | None:
         """The options of a call with ``key=``: None for the defaults. A kind with
@@ -325,8 +325,8 @@ def apply_with_state(m: Any, params: Any, td: Any, opts: Options) -> tuple[Tenso
     data = dict(td._data)
     state = m.run(params, data, td._batch_size, opts)
     if state is None:
-        state = _new({}, torch.Size([]))
-    return _new(data, td._batch_size), state
+        state = from_parts({}, torch.Size([]))
+    return from_parts(data, td._batch_size), state
 
 
 def _option_names(m: Any, call_kw: dict | None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .._td import Key, _check_key
+from .._td import Key, key_path
 
 __all__ = ["as_keys", "key_diff"]
 
@@ -56,6 +56,6 @@ def as_keys(keys: Any, what: str) -> tuple[Key, ...]:
         raise TypeError(f"{what} must be a list of keys (str or tuple of str), got {keys!r}")
     out = []
     for k in keys:
-        path = _check_key(_unravel(k))
+        path = key_path(_unravel(k))
         out.append(path[0] if len(path) == 1 else path)
     return tuple(out)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _new, plain_str
+from .._td import Key, TensorDict, from_parts, plain_str
 from ..nn._base import Layer
 from ..nn._lower import FunctionalCall, lower
 from ._binding import Bound, held_paths
@@ -318,7 +318,7 @@ class Module(ModuleKind):
         ``key`` is a ``fd.random`` key (or an int seed). Usable under vmap over keys.
         """
         if not self._has_params:
-            return _new({}, torch.Size([]))
+            return from_parts({}, torch.Size([]))
         return self._fn.init(key, dtype=dtype, device=device)
 
     # ---------------------------------------------------------------- call

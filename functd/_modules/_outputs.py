@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _new, _set_path
+from .._td import Key, TensorDict, from_parts, set_path
 
 __all__ = ["_write", "_write_outputs"]
 
@@ -79,7 +79,7 @@ def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
     else:
         head = data.get(key[0], _NOPE)
         if head is _NOPE:
-            child = _new({}, bs)
+            child = from_parts({}, bs)
         elif type(head) is TensorDict:
             child = head
         else:  # the message td.set gives: never replace the tensor by a sub-td
@@ -89,7 +89,7 @@ def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
                 "another key."
             )
         try:
-            new = _set_path(child, key[1:], value, 1, check=False, prefix=(key[0],))  # type: ignore[arg-type]
+            new = set_path(child, key[1:], value, 1, check=False, prefix=(key[0],))  # type: ignore[arg-type]
         except KeyError as e:
             raise KeyError(
                 f"{m._label()}: {e.args[0]} Write the output under another key."

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from ..nn._convert import load_td, state_to_td
 from ._call import ModuleKind, param_sources
 
@@ -36,7 +36,7 @@ def from_module(module: Any) -> TensorDict:
         kids = module.children()
         if kids:
             data = {name: from_module(m) for name, m in kids if m.has_params}
-            return _new(data, torch.Size([]))
+            return from_parts(data, torch.Size([]))
         source = module.torch_source()
         if source is not None:
             return state_to_td(source)
@@ -52,7 +52,7 @@ def from_module(module: Any) -> TensorDict:
                 f"fd.from_module: {module._label()} wraps the functd layer {module.fn!r}, not a "  # type: ignore[attr-defined]
                 "torch module, so it holds no weights; create them with m.init(fd.random.key(0))."
             )
-        return _new({}, torch.Size([]))
+        return from_parts({}, torch.Size([]))
     if isinstance(module, torch.nn.Module):
         return state_to_td(module)
     raise TypeError(

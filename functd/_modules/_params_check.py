@@ -20,7 +20,7 @@ import torch
 from .. import _errors as E
 from .._td import TensorDict
 from .._td import _dtensor as _dt
-from .._td._dtensor import _base, _from_local, mixed_mesh_error, one_mesh, seen
+from .._td._dtensor import mixed_mesh_error, one_mesh, replicate_input, seen, unwrapped
 from .._td._marks import mark, mark_of
 from ._call import params_hint
 from ._keys import key_diff
@@ -137,11 +137,11 @@ def _replicate(m: Any, args: Any, mesh: Any) -> Any:
 
     out = []
     for i, a in enumerate(args):
-        if isinstance(a, _Tensor) and not isinstance(_base(a), DTensor):
-            a = _from_local(m, i, a, mesh, DTensor, Replicate)
-        elif isinstance(_base(a), DTensor) and _base(a).device_mesh != mesh:
+        if isinstance(a, _Tensor) and not isinstance(unwrapped(a), DTensor):
+            a = replicate_input(m, i, a, mesh, DTensor, Replicate)
+        elif isinstance(unwrapped(a), DTensor) and unwrapped(a).device_mesh != mesh:
             key = m.in_keys[i] if i < len(m.in_keys) else i
-            raise mixed_mesh_error(m._label(), "params", mesh, key, _base(a).device_mesh)
+            raise mixed_mesh_error(m._label(), "params", mesh, key, unwrapped(a).device_mesh)
         out.append(a)
     return out
 

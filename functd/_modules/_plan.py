@@ -50,7 +50,15 @@ from typing import Any, cast
 
 import torch
 
-from .._td import TensorDict, _alloc, _is_dynamo, _set_bs, _set_data, _set_spec, plain_str
+from .._td import (
+    TensorDict,
+    alloc_uninit,
+    is_dynamo_compiling,
+    plain_str,
+    set_batch_size_slot,
+    set_data_slot,
+    set_spec_slot,
+)
 from .._td._marks import mark
 from ..random import fold_in
 from ._call import ModuleKind, _empty_params, bad_params
@@ -135,7 +143,7 @@ def call(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict:
     """``seq(params, td)`` with call options ``opts`` (``SequenceKind.run_td``): the plan
     of td's layout; the reference call (the loop) under dynamo, and where the plan gives
     up (a layout it cannot serve, or bad params: the loop raises the error)."""
-    if _is_dynamo():
+    if is_dynamo_compiling():
         return ModuleKind.run_td(seq, params, td, opts)
     layout = layout_key(params, td, opts)
     plans = seq._plans
@@ -399,9 +407,9 @@ class _Writer:
         if any(type(k) is not str for k in seq._drop):
             self.ns["SEQ"] = seq  # only then: no reference cycle module -> plan -> module
             self.emit("SEQ._drop_unselected(out)")
-        self.ns.update(_alloc=_alloc, _set_data=_set_data, _set_bs=_set_bs)
-        self.ns.update(_set_spec=_set_spec, _mark=mark)
-        self.emit("td = _alloc(TD)")  # _new without its dynamo check: plans run eagerly only
+        self.ns.update(_alloc=alloc_uninit, _set_data=set_data_slot, _set_bs=set_batch_size_slot)
+        self.ns.update(_set_spec=set_spec_slot, _mark=mark)
+        self.emit("td = _alloc(TD)")  # from_parts without its dynamo check: plans run eagerly only
         self.emit("_set_data(td, out)")
         self.emit("_set_bs(td, bs)")
         self.emit("_set_spec(td, None)")

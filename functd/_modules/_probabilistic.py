@@ -10,7 +10,7 @@ travels in the call options, which only the probabilistic kinds read. Heads are
 pure: randomness comes from the call's ``key`` (a head at position ``i`` of a
 sequence gets ``fold_in(key, i)``). A head over ``fd.CompositeDistribution``
 writes one value per component; a head's ``num_samples`` makes the call the
-one-sample call vmapped over split keys (see ``functd/_composite.py``).
+one-sample call vmapped over split keys (see ``functd/_modules/_composite.py``).
 
 Example:
     >>> policy = fd.ProbabilisticSequential(
@@ -34,7 +34,7 @@ from torch import Tensor
 from torch import distributions as D
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _new
+from .._td import Key, TensorDict, from_parts
 from ._call import _NOPE, ModuleKind, Options, bad_td, get_path, missing_input, options
 from ._call import apply_with_state as _apply_with_state
 from ._composite import CompositeDistribution, many, sample_shape
@@ -112,7 +112,7 @@ class ProbabilisticKind(ModuleKind):
         def one(k: Any) -> TensorDict:
             data = dict(td._data)
             self.draw(params, data, bs, options(k, it))
-            return _new(data, bs)
+            return from_parts(data, bs)
 
         return many(one, ns, key)
 

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import torch
 
 from .. import _errors as E
-from .._td import Key, TensorDict, _new
+from .._td import Key, TensorDict, from_parts
 from ..random import fold_in
 from . import _plan
 from ._call import ModuleKind, Options, params_hint
@@ -424,7 +424,7 @@ class SequenceKind(ModuleKind):
             return None
         states = self.run_children(params, data, bs, opts)
         self._drop_unselected(data)
-        return _new(states, torch.Size([])) if states or self._stateful else None
+        return from_parts(states, torch.Size([])) if states or self._stateful else None
 
     def _state_dropped(self):
         """A plain call of a sequence with a stateful child: the error naming the child."""

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from .. import _errors as E
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from .._td._partition import partition
 from ..nn._base import Layer
 from ..nn._chain import Chain
@@ -251,7 +251,7 @@ def _prune(td: TensorDict, bs: torch.Size) -> TensorDict:
             if not v._data:
                 continue
         data[k] = v
-    return _new(data, bs)
+    return from_parts(data, bs)
 
 
 def _check_tds(name: str, a: Any, b: Any) -> None:

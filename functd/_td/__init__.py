@@ -1,7 +1,7 @@
 """The TensorDict layer: the frozen container, its shape ops, repr, pytree and files.
 
-Everything here imports only ``functd._errors`` and ``functd.random``'s kernels below
-it; modules, transforms and optimizers reach the container through this package.
+Everything here imports only ``functd._errors`` below it; modules, transforms and
+optimizers reach the container through this package.
 
 Example:
     >>> from functd._td import TensorDict
@@ -9,14 +9,14 @@ Example:
     torch.Size([2])
 """
 
-from ._key import _check_key as _check_key
+from ._key import key_path as key_path
 from ._key import plain_str as plain_str
 from ._tensordict import Key as Key
 from ._tensordict import TensorDict as TensorDict
-from ._tensordict import _alloc as _alloc
-from ._tensordict import _is_dynamo as _is_dynamo
-from ._tensordict import _new as _new
-from ._tensordict import _set_bs as _set_bs
-from ._tensordict import _set_data as _set_data
-from ._tensordict import _set_path as _set_path
-from ._tensordict import _set_spec as _set_spec
+from ._tensordict import alloc_uninit as alloc_uninit
+from ._tensordict import from_parts as from_parts
+from ._tensordict import is_dynamo_compiling as is_dynamo_compiling
+from ._tensordict import set_batch_size_slot as set_batch_size_slot
+from ._tensordict import set_data_slot as set_data_slot
+from ._tensordict import set_path as set_path
+from ._tensordict import set_spec_slot as set_spec_slot

@@ -1,5 +1,5 @@
 """The lean pass of TensorDict construction (``TensorDict.__init__`` inlines its
-one-dim case): plain functions of torch only, so that ``_td.py`` imports them.
+one-dim case): plain functions of torch only, so that ``_tensordict.py`` imports them.
 
 Example:
     >>> _fast_leaves({"x": torch.zeros(4, 3)}, torch.Size([4]))  # a copy of the dict

@@ -38,7 +38,7 @@ def seen() -> None:
     SEEN = True
 
 
-def _base(v: Any) -> Any:
+def unwrapped(v: Any) -> Any:
     """The tensor under torch.func's grad/vmap wrappers (a DTensor under ``fd.grad``
     looks like a plain Tensor). Under torch.compile: ``v`` (the wrappers are traced)."""
     if torch.compiler.is_compiling():
@@ -57,7 +57,7 @@ def is_dtensor(v: Any) -> bool:
     """True for a ``torch.distributed.tensor.DTensor``, also under torch.func's wrappers
     (without importing torch.distributed.tensor)."""
     t = _dtensor_type()
-    return t is not None and isinstance(_base(v), t)
+    return t is not None and isinstance(unwrapped(v), t)
 
 
 def _fmt_mesh(mesh: Any) -> str:
@@ -84,7 +84,7 @@ def one_mesh(where: str, items: Any) -> Any:
     for k, v in items:
         if type(v) is _Tensor and not SEEN:  # plain (until a DTensor was met: wrapped)
             continue
-        v = _base(v)
+        v = unwrapped(v)
         if isinstance(v, t):
             if first is None:
                 first = (k, v.device_mesh)  # type: ignore[attr-defined]
@@ -108,10 +108,10 @@ def replicated(a: _Tensor, mesh: Any) -> Any:
     also inside torch.func transforms when ``a`` is a constant of them."""
     from torch.distributed.tensor import DTensor, Replicate
 
-    return _from_local(None, 0, a, mesh, DTensor, Replicate)
+    return replicate_input(None, 0, a, mesh, DTensor, Replicate)
 
 
-def _from_local(m: Any, i: int, a: Any, mesh: Any, DTensor: Any, Replicate: Any) -> Any:
+def replicate_input(m: Any, i: int, a: Any, mesh: Any, DTensor: Any, Replicate: Any) -> Any:
     placements = [Replicate()] * mesh.ndim
     base = _constant_base(a)
     if base is not None:  # a constant of every torch.func transform: build it outside them

@@ -8,7 +8,7 @@ hashes, compares and prints only plain strings, so a subclass's own ``__eq__``,
 Example:
     >>> class K(enum.StrEnum):
     ...     X = "x"
-    >>> _check_key(K.X), _check_key(("obs", K.X))
+    >>> key_path(K.X), key_path(("obs", K.X))
     (('x',), ('obs', 'x'))
 """
 
@@ -28,7 +28,7 @@ def plain_str(k: str) -> str:
     return k if type(k) is str else str.__str__(k)
 
 
-def _check_key(key) -> tuple[str, ...]:
+def key_path(key) -> tuple[str, ...]:
     """Return the key as a non-empty tuple of plain str, or raise a clear error."""
     if type(key) is str:
         return (key,)

@@ -19,7 +19,7 @@ from typing import Any
 
 from torch import Tensor
 
-from ._tensordict import TensorDict, _new
+from ._tensordict import TensorDict, from_parts
 
 __all__ = ["combine", "partition"]
 
@@ -67,7 +67,7 @@ def _split(td: TensorDict, keep: Filter, prefix: tuple) -> tuple[TensorDict, Ten
             a[k] = v
         else:
             b[k] = v
-    return _new(a, td._batch_size), _new(b, td._batch_size)
+    return from_parts(a, td._batch_size), from_parts(b, td._batch_size)
 
 
 def combine(*parts: TensorDict) -> TensorDict:
@@ -94,7 +94,7 @@ def combine(*parts: TensorDict) -> TensorDict:
     data = dict(parts[0]._data)
     for p in parts[1:]:
         _merge(data, p, ())
-    return _new(data, bs)
+    return from_parts(data, bs)
 
 
 def _merge(into: dict, td: TensorDict, prefix: tuple) -> None:
@@ -105,7 +105,7 @@ def _merge(into: dict, td: TensorDict, prefix: tuple) -> None:
         elif type(have) is TensorDict and type(v) is TensorDict:
             sub = dict(have._data)
             _merge(sub, v, (*prefix, k))
-            into[k] = _new(sub, have._batch_size)
+            into[k] = from_parts(sub, have._batch_size)
         else:
             path = (*prefix, k)
             raise KeyError(

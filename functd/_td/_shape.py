@@ -115,12 +115,41 @@ def index(td: TensorDict, idx: Any) -> TensorDict:
         IndexError: the index uses more dims than the batch has.
     """
     items = _normalize_index(idx, td._batch_size)
+    if torch.compiler.is_compiling():
+        scalar = _traced_scalar(items)
+        if scalar is not None:
+            return _index_traced_scalar(td, items, scalar)
     try:
         return _index(td, items)
     except (IndexError, RuntimeError) as e:  # e.g. an index tensor's value out of range
         raise IndexError(
             f"TensorDict index {idx!r} on batch_size {list(td._batch_size)}: {e}"
         ) from None
+
+
+def _traced_scalar(items: tuple) -> int | None:
+    """The position of the index's one 0-d integer tensor, if it is the only tensor among
+    ints, slices and None: while tracing, ``v[i]`` with such an ``i`` reads its value
+    (``__index__``), which is data-dependent; ``_index_traced_scalar`` gathers instead."""
+    found = None
+    for p, it in enumerate(items):
+        if isinstance(it, torch.Tensor):
+            if found is not None or it.ndim or it.dtype == torch.bool:
+                return None
+            found = p
+    return found
+
+
+def _index_traced_scalar(td: TensorDict, items: tuple, p: int) -> TensorDict:
+    """``td[items]`` whose item ``p`` is a traced 0-d integer tensor: index with it as a
+    one-element index tensor (negative values wrapped as Python does), then drop the
+    size-1 dim it leaves. Out-of-range values are not checked (as in jax.jit)."""
+    d = sum(1 for it in items[:p] if it is not None)  # the batch dim it indexes
+    i = items[p]
+    i = torch.where(i < 0, i + td._batch_size[d], i).reshape(1)
+    out = _index(td, (*items[:p], i, *items[p + 1 :]))
+    at = sum(1 for it in items[:p] if type(it) is not int)  # its dim in the result
+    return _index(out, (*(slice(None),) * at, 0))
 
 
 def _index(td: TensorDict, items: tuple) -> TensorDict:

@@ -26,7 +26,7 @@ import torch
 from .. import _errors as E
 from . import _shape
 from ._construct import _LEAF_TYPES, _SIZES, _fast_leaves, _size1
-from ._key import _check_key, plain_str
+from ._key import key_path, plain_str
 from ._repr import td_repr
 
 Key = str | tuple[str, ...]
@@ -110,7 +110,7 @@ class TensorDict:
         batch_size: Sequence[int] | torch.Size | int | None = None,
         device: torch.device | str | None = None,
     ) -> None:
-        if type(source) is dict and device is None and not _is_dynamo():
+        if type(source) is dict and device is None and not is_dynamo_compiling():
             if type(batch_size) is list and len(batch_size) == 1:  # the common case, inlined
                 b0 = batch_size[0]
                 if type(b0) is int and b0 >= 0:
@@ -119,9 +119,9 @@ class TensorDict:
                             if type(k) is not str or type(v) not in _LEAF_TYPES or v.shape[0] != b0:
                                 break
                         else:
-                            _set_data(self, source.copy())
-                            _set_bs(self, _SIZES.get(b0) or _size1(b0))
-                            _set_spec(self, None)
+                            set_data_slot(self, source.copy())
+                            set_batch_size_slot(self, _SIZES.get(b0) or _size1(b0))
+                            set_spec_slot(self, None)
                             _set_check_cache(self, None)
                             return
                     except IndexError:  # a 0-dim leaf: the general path raises
@@ -129,9 +129,9 @@ class TensorDict:
             bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
             data = _fast_leaves(source, bs)
             if data is not None:  # every key a str, every value a tensor with the batch dims
-                _set_data(self, data)
-                _set_bs(self, bs)
-                _set_spec(self, None)
+                set_data_slot(self, data)
+                set_batch_size_slot(self, bs)
+                set_spec_slot(self, None)
                 _set_check_cache(self, None)
                 return
         bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
@@ -148,7 +148,7 @@ class TensorDict:
             )
         for k, v in source.items():
             if not isinstance(k, str):
-                _check_key(k)  # raises the bad-key error
+                key_path(k)  # raises the bad-key error
                 raise TypeError(  # a tuple of str at top level: say how to nest
                     f"TensorDict(source) keys must be str; got the tuple {k!r}. Nest "
                     f"mappings instead ({{'obs': {{'pos': x}}}}) or use td.set({k!r}, x)."
@@ -209,7 +209,7 @@ class TensorDict:
             if default is not _MISSING:
                 return default
             raise KeyError(E.missing_key(key, (), self._data, None))
-        path = _check_key(key)
+        path = key_path(key)
         node: Any = self
         for i, part in enumerate(path):
             if not isinstance(node, TensorDict):
@@ -302,8 +302,8 @@ class TensorDict:
                 value = _check_value((key,), value, bs, None)  # raises, or builds nested
             data = self._data.copy()
             data[key] = value
-            return _new(data, bs)
-        return _set_path(self, _check_key(key), value, 0)
+            return from_parts(data, bs)
+        return set_path(self, key_path(key), value, 0)
 
     def update(self, other: Mapping[str, Any] | TensorDict) -> TensorDict:
         """Return a new TensorDict with the entries of ``other`` added or replaced.
@@ -329,20 +329,20 @@ class TensorDict:
             if type(key) is str:  # no copy of the growing dict per key
                 data[key] = value
                 continue
-            path = _check_key(key)
-            data = _set_path(_new(data, bs), path, value, 0, check=False, template=self)._data
-        return _new(data, bs)
+            path = key_path(key)
+            data = set_path(from_parts(data, bs), path, value, 0, check=False, template=self)._data
+        return from_parts(data, bs)
 
     def exclude(self, *keys: Key) -> TensorDict:
         """Return a new TensorDict without ``keys``; missing keys are ignored."""
         data: dict[str, Any] = dict(self._data)
         for key in keys:
-            path = _check_key(key)
+            path = key_path(key)
             if len(path) == 1:
                 data.pop(path[0], None)
             elif isinstance(data.get(path[0]), TensorDict):
                 data[path[0]] = data[path[0]].exclude(path[1:])
-        return _new(data, self._batch_size)
+        return from_parts(data, self._batch_size)
 
     def rename(self, mapping: Mapping[Key, Key] | None = None, **names: str) -> TensorDict:
         """Return a new TensorDict with keys renamed: ``td.rename({"x": "x0"})``.
@@ -352,7 +352,7 @@ class TensorDict:
         """
         pairs: dict[Any, Any] = {**(mapping or {}), **names}
         values = {old: self.get(old) for old in pairs}
-        pairs = {old: new for old, new in pairs.items() if _check_key(old) != _check_key(new)}
+        pairs = {old: new for old, new in pairs.items() if key_path(old) != key_path(new)}
         out = self.exclude(*pairs)
         for old, new in pairs.items():
             out = out.set(new, values[old])
@@ -481,20 +481,17 @@ for _name, _dtype in [
 
 # ---------------------------------------------------------------- internals
 # Slot setters: calling the slot descriptors directly is about twice as fast as
-# object.__setattr__, and _new runs on every write and every pytree unflatten.
-# Dynamo cannot trace ``member_descriptor.__set__``: under torch.compile _new
+# object.__setattr__, and from_parts runs on every write and every pytree unflatten.
+# Dynamo cannot trace ``member_descriptor.__set__``: under torch.compile from_parts
 # takes the object.__setattr__ path (is_compiling() is a constant there).
-_set_data = vars(TensorDict)["_data"].__set__
-_set_bs = vars(TensorDict)["_batch_size"].__set__
-_set_spec = vars(TensorDict)["_spec"].__set__
+set_data_slot = vars(TensorDict)["_data"].__set__
+set_batch_size_slot = vars(TensorDict)["_batch_size"].__set__
+set_spec_slot = vars(TensorDict)["_spec"].__set__
 _set_check_cache = vars(TensorDict)["_check_cache"].__set__  # construction only: _marks.py
-_alloc = object.__new__
+alloc_uninit = object.__new__
 # "tracing by dynamo": the one case where the slot setters cannot be used (_tree.py too);
 # 4x cheaper than torch.compiler.is_compiling, and dynamo folds it to True.
-_is_compiling = torch.compiler.is_dynamo_compiling
-
-
-_is_dynamo = _is_compiling
+is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
 def _init_traceable(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
@@ -505,24 +502,24 @@ def _init_traceable(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
 
 
 def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
-    if _is_dynamo():
+    if is_dynamo_compiling():
         return _init_traceable(td, data, batch_size)
-    _set_data(td, data)
-    _set_bs(td, batch_size)
-    _set_spec(td, None)
+    set_data_slot(td, data)
+    set_batch_size_slot(td, batch_size)
+    set_spec_slot(td, None)
     _set_check_cache(td, None)
 
 
-def _new(data: dict, batch_size: torch.Size) -> TensorDict:
+def from_parts(data: dict, batch_size: torch.Size) -> TensorDict:
     """Build without validation (internal: the caller guarantees the invariants)."""
-    td = _alloc(TensorDict)
+    td = alloc_uninit(TensorDict)
     _init(td, data, batch_size)
     return td
 
 
 # The instance's own constructor, for the files below this one (_shape): they reach the
 # class only through the TensorDicts they are given (and know one by this attribute).
-TensorDict._from_parts = staticmethod(_new)  # type: ignore[attr-defined]
+TensorDict._from_parts = staticmethod(from_parts)  # type: ignore[attr-defined]
 
 
 def _check_value(path: tuple, value: Any, bs: torch.Size, device) -> Any:
@@ -542,19 +539,19 @@ def _check_value(path: tuple, value: Any, bs: torch.Size, device) -> Any:
             _raise_batch_mismatch(path, value._batch_size, bs, nested=True)
         if device is not None:
             for k, leaf in value.items(True, True):
-                _check_value(path + _check_key(k), leaf, leaf.shape[:0], device)
+                _check_value(path + key_path(k), leaf, leaf.shape[:0], device)
         return value
     if isinstance(value, Mapping):
         data = {}
         for k, v in value.items():
             if not isinstance(k, str):
-                _check_key(k)
+                key_path(k)
                 raise TypeError(f"nested mapping keys must be str; got {k!r} under {path!r}")
             k = plain_str(k)
             if k in data:
                 raise ValueError(E.DUPLICATE_KEY.format(key=E.fmt_key((*path, k))))
             data[k] = _check_value((*path, k), v, bs, device)
-        return _new(data, bs)
+        return from_parts(data, bs)
     raise TypeError(E.NON_TENSOR.format(key=E.fmt_key(path), type=type(value).__name__))
 
 
@@ -569,7 +566,7 @@ def _raise_batch_mismatch(path, shape, bs, nested: bool = False):
     raise ValueError(msg.replace("has shape", f"has {what}", 1))
 
 
-def _set_path(
+def set_path(
     td: TensorDict,
     path: tuple,
     value: Any,
@@ -583,22 +580,22 @@ def _set_path(
     if len(path) == 1:
         full = (*prefix, head)
         data[head] = _check_value(full, value, td._batch_size, None) if check else value
-        return _new(data, td._batch_size)
+        return from_parts(data, td._batch_size)
     child = data.get(head, _MISSING)
     if child is _MISSING:
         # a new nested level takes the batch size of the template's level, if any
         sub = template._data.get(head) if template is not None else None
-        child = _new({}, sub._batch_size if isinstance(sub, TensorDict) else td._batch_size)
+        child = from_parts({}, sub._batch_size if isinstance(sub, TensorDict) else td._batch_size)
     elif not isinstance(child, TensorDict):
         raise KeyError(
             f"cannot set {E.fmt_key((*prefix, *path))}: {E.fmt_key((*prefix, head))} holds a "
             f"{type(child).__name__}, not a nested TensorDict."
         )
     sub_template = template._data.get(head) if template is not None else None
-    data[head] = _set_path(
+    data[head] = set_path(
         child, path[1:], value, depth + 1, check, sub_template, prefix=(*prefix, head)
     )
-    return _new(data, td._batch_size)
+    return from_parts(data, td._batch_size)
 
 
 def _update(td: TensorDict, other, prefix: tuple) -> TensorDict:
@@ -614,9 +611,9 @@ def _update(td: TensorDict, other, prefix: tuple) -> TensorDict:
         elif isinstance(k, str):
             data[k] = _check_value((*prefix, k), v, bs, None)
         else:
-            path = _check_key(k)
-            data = dict(_set_path(_new(data, bs), path, v, 0, prefix=prefix)._data)
-    return _new(data, bs)
+            path = key_path(k)
+            data = dict(set_path(from_parts(data, bs), path, v, 0, prefix=prefix)._data)
+    return from_parts(data, bs)
 
 
 def _items(td: Any, include_nested: bool, leaves_only: bool, prefix: tuple = ()) -> Iterator[Any]:
@@ -665,4 +662,4 @@ def _apply(td: TensorDict, fn, others: Sequence[Any], new_bs, prefix: tuple = ()
                 if not isinstance(r, torch.Tensor) or r.shape[: len(bs)] != bs:
                     _check_value((*prefix, k), r, bs, None)  # raises the clear error
                 data[k] = r
-    return _new(data, bs)
+    return from_parts(data, bs)

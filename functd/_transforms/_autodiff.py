@@ -26,9 +26,9 @@ import torch
 import torch.utils._pytree as torch_pytree
 
 from .._eager import plain
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from .._td._marks import keep_marks
-from .._td._tensordict import _is_compiling
+from .._td._tensordict import is_dynamo_compiling
 from .._td._tree import flat_leaves, tree, unflatten_like
 from ._paths import fmt_path
 
@@ -214,7 +214,7 @@ def _grad_impl(f: Callable, argnums: Argnums, has_aux: bool, where_name: str):
 
             nl = tuple(range(len(leaves)))
             g, out = torch.func.grad_and_value(flat, argnums=nl, has_aux=has_aux)(*leaves)
-            if not _is_compiling():  # the modules checked the rebuilt params: keep
+            if not is_dynamo_compiling():  # the modules checked the rebuilt params: keep
                 for inner, given in seen:  # their marks (as loss_and_grad does)
                     if type(inner) is TensorDict and type(given) is TensorDict:
                         keep_marks(inner, given)
@@ -364,7 +364,7 @@ def _rebuild(template: Any, leaves: Any, prefix: torch.Size, where: str) -> Any:
                 )
             built[k] = v
         bs = torch.Size((*prefix, *template._batch_size))
-        return _new({k: built[k] for k in template._data}, bs)
+        return from_parts({k: built[k] for k in template._data}, bs)
     if isinstance(template, torch.Tensor):
         return next(leaves)
     if template is None:

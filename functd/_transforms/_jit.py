@@ -490,6 +490,14 @@ class _GraphedJit(_Jitted):
     """``jit(f, cuda_graph=True)``: ``fd.cuda_graph``'s wrapper around the jitted call
     (it warms up, records and replays the compiled code per signature)."""
 
+    def __init__(self, *args: Any) -> None:  # _Jitted's arguments
+        super().__init__(*args)
+        call = functools.partial(_Jitted.__call__, self)
+        g = _Graphed(call, 2, True, self._maxsize, _CudaRecorder())
+        g._label = f"jit({self._fname()}, cuda_graph=True)"
+        g._fallback = "the compiled function runs without a CUDA graph"
+        self._graphed = g
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _is_dynamo() or _compiler._is_compiling_flag:
             return self._f(*args, **kwargs)
@@ -565,16 +573,24 @@ def jit(
         >>> jblock.cache_size()
         1
     """
-    opts = dict(
-        static_argnums=static_argnums,
-        donate_argnums=donate_argnums,
-        dynamic=dynamic,
-        cache_size=cache_size,
-        backend=backend,
-        cuda_graph=cuda_graph,
-    )
+    kw: dict[str, Any] = {"static_argnums": static_argnums, "donate_argnums": donate_argnums}
+    kw.update(dynamic=dynamic, cache_size=cache_size, backend=backend, cuda_graph=cuda_graph)
     if f is None:
-        return functools.partial(jit, **opts)  # type: ignore[arg-type]
+        return functools.partial(jit, **kw)
+    static, donate = _checked(f, static_argnums, donate_argnums, dynamic, cache_size, backend)
+    cls = _GraphedJit if cuda_graph else _Jitted
+    return cls(f, static, donate, dynamic, cache_size, backend)
+
+
+def _checked(
+    f: Any,
+    static_argnums: int | Sequence[int],
+    donate_argnums: int | Sequence[int],
+    dynamic: bool | None,
+    cache_size: int,
+    backend: str,
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``jit``'s arguments checked: ``(static, donate)``, the sorted argument numbers."""
     if not callable(f):
         raise TypeError(f"fd.jit(f) takes a function, got a {type(f).__name__}.")
     static, donate = (
@@ -592,14 +608,7 @@ def jit(
         raise ValueError(f"fd.jit: cache_size must be an int >= 1, got {cache_size!r}.")
     if backend not in _BACKENDS:
         raise ValueError(f"fd.jit: backend must be one of {_BACKENDS}, got {backend!r}.")
-    if not cuda_graph:
-        return _Jitted(f, static, donate, dynamic, cache_size, backend)
-    out = _GraphedJit(f, static, donate, dynamic, cache_size, backend)
-    g = _Graphed(functools.partial(_Jitted.__call__, out), 2, True, cache_size, _CudaRecorder())
-    g._label = f"jit({out._fname()}, cuda_graph=True)"
-    g._fallback = "the compiled function runs without a CUDA graph"
-    out._graphed = g
-    return out
+    return static, donate
 
 
 def _argnums(what: str, v: int | Sequence[int]) -> tuple[int, ...]:

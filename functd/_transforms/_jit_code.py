@@ -34,7 +34,7 @@ import optree
 import torch
 from torch import Tensor
 
-from .._td import TensorDict, _alloc, _set_bs, _set_data, _set_spec
+from .._td import TensorDict, alloc_uninit, set_batch_size_slot, set_data_slot, set_spec_slot
 from .._td._marks import mark
 from .._td._tree import NAMESPACE, spec_of
 from ._jit_trace import Direct
@@ -50,10 +50,10 @@ class _Code:
         self.lines: list[str] = []
         self.ns: dict[str, Any] = {
             "_TD": TensorDict,
-            "_alloc": _alloc,
-            "_sd": _set_data,
-            "_sb": _set_bs,
-            "_ss": _set_spec,
+            "_alloc": alloc_uninit,
+            "_sd": set_data_slot,
+            "_sb": set_batch_size_slot,
+            "_ss": set_spec_slot,
             "_sc": mark,
             "_Desc": Desc,
             "_unflatten": optree.tree_unflatten,

@@ -32,7 +32,7 @@ import optree
 import torch
 from torch import Tensor
 
-from ._loop_checks import LoopWarning, _split, check_carry, y_leaves
+from ._loop_checks import NAMESPACE, LoopWarning, _split, check_carry, y_leaves
 
 __all__ = ["scan_compiled"]
 
@@ -53,9 +53,29 @@ def _warn(why: str, n: int, fix: str = "") -> None:
 
 def scan_compiled(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     """``(carry, ys)`` through torch's scan op, or None: unroll (a LoopWarning said why)."""
+    if not init_leaves:
+        return _tokened(f, init, init_spec, xs_leaves, xs_spec, n, reverse)
     if torch.compiler.is_dynamo_compiling():
         return _dynamo(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
     return _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
+
+
+def _tokened(f, init, init_spec, xs_leaves, xs_spec, n, reverse):
+    """A loop without carry leaves (``init=None``, ``()``...) through the op with a 0-d
+    token as its carry: torch 2.13's op with an empty carry fails to compile (inductor:
+    "getitem is not an OpOverload"; dynamo refuses it)."""
+    device = xs_leaves[0].device if xs_leaves else None
+    token = torch.zeros((), device=device)
+
+    def step(carry: tuple, x: Any) -> tuple:
+        new, y = _split(f(carry[0], x))
+        check_carry(init_spec, [], new)  # the user's carry, with the user's message
+        return (new, carry[1]), y
+
+    wrapped = (init, token)
+    leaves, spec = optree.tree_flatten(wrapped, namespace=NAMESPACE)
+    out = scan_compiled(step, wrapped, leaves, spec, xs_leaves, xs_spec, n, reverse)
+    return None if out is None else (out[0][0], out[1])
 
 
 def _inputs(init_leaves, xs_leaves, n, reverse) -> list[Tensor]:

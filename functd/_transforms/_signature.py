@@ -23,7 +23,7 @@ from typing import Any
 import optree
 import torch
 
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from .._td._tree import NAMESPACE
 from ._paths import fmt_call_path
 
@@ -187,7 +187,7 @@ def _rebuild_td(td: TensorDict, it) -> TensorDict:
         bs = td._batch_size
     else:
         bs = first.shape[:n] if isinstance(first, torch.Tensor) else first._batch_size[:n]
-    return _new(data, torch.Size(bs))
+    return from_parts(data, torch.Size(bs))
 
 
 def skeleton(d: Desc) -> tuple:

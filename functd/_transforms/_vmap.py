@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as torch_pytree
 
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from .._td._tree import spec_of
 from . import _axes
 from ._paths import fmt_path
@@ -348,7 +348,7 @@ def _place(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
         if isinstance(out, TensorDict):
             return _place(out, _uniform(dims, path, name), path, name, converted)
         data = {k: _place(v, dims[k], (*path, k), name, converted) for k, v in out.items()}
-        return _new(data, torch.Size()) if path in converted else data
+        return from_parts(data, torch.Size()) if path in converted else data
     if isinstance(dims, tuple | list):
         if not isinstance(out, tuple | list) and len(dims) == 1:  # torch: (d,) for one output
             return _place(out, dims[0], path, name, converted)
@@ -380,7 +380,7 @@ def _move_td(td: TensorDict, d: int) -> TensorDict:
     data = {}
     for k, v in td._data.items():
         data[k] = _move_td(v, d) if isinstance(v, TensorDict) else torch.movedim(v, 0, d)
-    return _new(data, torch.Size((*bs[1 : d + 1], bs[0], *bs[d + 1 :])))
+    return from_parts(data, torch.Size((*bs[1 : d + 1], bs[0], *bs[d + 1 :])))
 
 
 # ------------------------------------------------------------------ vmap

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .._td._tree import tree as fdtree
-from ..optim._base import _Chain
+from ..optim._base import Chain
 from ._collectives import _is_dtensor, all_reduce, broadcast
 from ._fast import rider
 from ._faults import GRACE_S, Board, CollectiveError, failed
@@ -113,7 +113,7 @@ def _reduces(tx: Any) -> bool:
     kw = getattr(tx.update, "kwargs", {})
     if kw.get("name") in ("mean_updates", "sum_updates"):
         return True
-    if isinstance(tx, _Chain):
+    if isinstance(tx, Chain):
         return any(_reduces(t) for t in tx.txs)
     return False
 

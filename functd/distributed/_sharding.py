@@ -5,7 +5,7 @@ placements are those of the first rule whose glob matches the leaf's dotted path
 (the PartitionSpec idea of JAX). ``gather(params)`` turns every DTensor leaf back
 into a plain tensor holding the full value (``full_tensor()``). DTensor params
 work wherever plain ones do: module calls replicate plain-tensor inputs on the
-params' mesh (see ``functd/_dtensor.py``), ``fd.grad`` gives DTensor grads with
+params' mesh (see ``functd/_td/_dtensor.py``), ``fd.grad`` gives DTensor grads with
 the params' placements, and the optimizers update them leaf by leaf.
 
 Example:
@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from .._td import TensorDict, _new
-from .._td._dtensor import _base, is_dtensor, mixed_mesh_error, replicated, seen
+from .._td import TensorDict, from_parts
+from .._td._dtensor import is_dtensor, mixed_mesh_error, replicated, seen, unwrapped
 
 __all__ = ["gather", "replicate", "shard"]
 
@@ -37,7 +37,7 @@ def _map(tree: Any, fn: Any, path: tuple = ()) -> Any:
     """Apply ``fn(path, leaf)`` to every tensor leaf of a TensorDict/dict/list tree."""
     if isinstance(tree, TensorDict):
         data = {k: _map(v, fn, (*path, k)) for k, v in tree._data.items()}
-        return _new(data, tree._batch_size)
+        return from_parts(data, tree._batch_size)
     if isinstance(tree, Mapping):
         return {k: _map(v, fn, (*path, k)) for k, v in tree.items()}
     if isinstance(tree, list | tuple):
@@ -143,7 +143,7 @@ def replicate(x: Any, mesh: Any) -> Any:
 
     def rep(path: tuple, t: torch.Tensor) -> Any:
         if is_dtensor(t):
-            if _base(t).device_mesh != mesh:
+            if unwrapped(t).device_mesh != mesh:
                 raise mixed_mesh_error(
                     "fd.distributed.replicate",
                     _dotted(path) or "x",

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from ._base import Layer, ParamSpec, constant
 
 __all__ = ["BatchNorm1d", "BatchNorm2d", "BatchNorm3d"]
@@ -115,7 +115,7 @@ class _BatchNorm(Layer):
         new_rm = torch.lerp(rm, mean.to(rm.dtype), m)
         new_rv = torch.lerp(rv, var.to(rv.dtype), m)
         state = {"running_mean": new_rm, "running_var": new_rv, "num_batches_tracked": count}
-        return y, _new(state, torch.Size([]))
+        return y, from_parts(state, torch.Size([]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from torch import Size, Tensor
 
 from .. import random as fr
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from ._base import EMPTY, Layer, as_key, set_derived
 
 __all__ = ["Chain"]
@@ -133,7 +133,7 @@ class Chain(Layer):
             if self._stateful and layer.stateful:
                 x, states[name] = x
         x = inputs[0] if first else x
-        return (x, _new(states, Size([]))) if self._stateful else x
+        return (x, from_parts(states, Size([]))) if self._stateful else x
 
     def __len__(self) -> int:
         return len(self.layers)

@@ -291,6 +291,47 @@ def _check_dims(where: str, q: Tensor, k: Tensor, v: Tensor, masks: Masks) -> bo
     return q.dim() == 3
 
 
+def _check_call(
+    where: str,
+    query: Tensor,
+    embed_dim: int,
+    num_heads: int,
+    p: float,
+    key: Tensor | int | None,
+    key_padding_mask: Tensor | None,
+    attn_mask: Tensor | None,
+) -> None:
+    """torch's checks of the embed dim and heads, the dropout key, the masks' dtypes."""
+    if query.size(-1) != embed_dim:
+        raise ValueError(
+            f"{where}: expected the query's last dim to be embed_dim={embed_dim}; "
+            f"got {tuple(query.shape)}."
+        )
+    if embed_dim % num_heads:
+        raise ValueError(f"{where}: embed_dim {embed_dim} not divisible by num_heads.")
+    if p > 0.0 and key is None:
+        raise ValueError(KEY_REQUIRED.format(fn=where, p=p))
+    check_mask(where, "key_padding_mask", key_padding_mask)
+    check_mask(where, "attn_mask", attn_mask)
+
+
+def _packed_in_proj(
+    where: str, in_proj_weight: Tensor | None, separate: tuple[Tensor | None, ...] | None
+) -> Tensor | None:
+    """The packed input projection weight to use: None when ``separate`` (the q, k, v
+    weights of ``use_separate_proj_weight=True``) are given, all three of them."""
+    if separate is not None:
+        if any(w is None for w in separate):
+            raise ValueError(
+                f"{where}: use_separate_proj_weight=True needs q_proj_weight, k_proj_weight "
+                "and v_proj_weight."
+            )
+        return None
+    if in_proj_weight is None:
+        raise ValueError(f"{where}: in_proj_weight is None and use_separate_proj_weight=False.")
+    return in_proj_weight
+
+
 # ------------------------------------------------------- the functional (keyed)
 def multi_head_attention_forward(
     query: Tensor,
@@ -347,27 +388,10 @@ def multi_head_attention_forward(
         ...     key=functd.random.key(0))
     """
     where = "multi_head_attention_forward"
-    if query.size(-1) != embed_dim_to_check:
-        raise ValueError(
-            f"{where}: expected the query's last dim to be embed_dim={embed_dim_to_check}; "
-            f"got {tuple(query.shape)}."
-        )
-    if embed_dim_to_check % num_heads:
-        raise ValueError(f"{where}: embed_dim {embed_dim_to_check} not divisible by num_heads.")
     p = dropout_p if training else 0.0
-    if p > 0.0 and key is None:
-        raise ValueError(KEY_REQUIRED.format(fn=where, p=p))
-    check_mask(where, "key_padding_mask", key_padding_mask)
-    check_mask(where, "attn_mask", attn_mask)
-    if use_separate_proj_weight:
-        if q_proj_weight is None or k_proj_weight is None or v_proj_weight is None:
-            raise ValueError(
-                f"{where}: use_separate_proj_weight=True needs q_proj_weight, k_proj_weight "
-                "and v_proj_weight."
-            )
-        in_proj_weight = None
-    elif in_proj_weight is None:
-        raise ValueError(f"{where}: in_proj_weight is None and use_separate_proj_weight=False.")
+    _check_call(where, query, embed_dim_to_check, num_heads, p, key, key_padding_mask, attn_mask)
+    separate = (q_proj_weight, k_proj_weight, v_proj_weight) if use_separate_proj_weight else None
+    in_proj_weight = _packed_in_proj(where, in_proj_weight, separate)
     weights = Weights(
         in_proj_weight, in_proj_bias, q_proj_weight, k_proj_weight, v_proj_weight,
         bias_k, bias_v, out_proj_weight, out_proj_bias,

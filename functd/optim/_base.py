@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from .._td._tree import unflatten_like
 from . import _listops as L
 
@@ -117,7 +117,7 @@ def transformation(name: str, init: Callable, update: Callable, **hparams: Any):
 # ------------------------------------------------------------------ identity
 def _identity_init(params: TensorDict, *, name: str) -> TensorDict:
     L.check_params(f"fd.optim.{name}.init", params)
-    return _new({}, torch.Size([]))
+    return from_parts({}, torch.Size([]))
 
 
 def _identity_update(updates, state, params=None, *, name: str):
@@ -137,7 +137,7 @@ def identity() -> GradientTransformation:
 
 # ------------------------------------------------------------------ chain
 def _chain_init(params: TensorDict, *, name: str, txs: tuple) -> TensorDict:
-    return _new({str(i): tx.init(params) for i, tx in enumerate(txs)}, torch.Size([]))
+    return from_parts({str(i): tx.init(params) for i, tx in enumerate(txs)}, torch.Size([]))
 
 
 def _chain_update(updates, state, params=None, *, name: str, txs: tuple):
@@ -145,10 +145,10 @@ def _chain_update(updates, state, params=None, *, name: str, txs: tuple):
     new = {}
     for i, tx in enumerate(txs):
         updates, new[str(i)] = tx.update(updates, state._data[str(i)], params)
-    return updates, _new(new, state._batch_size)
+    return updates, from_parts(new, state._batch_size)
 
 
-class _Chain(GradientTransformation):
+class Chain(GradientTransformation):
     """What ``chain`` returns: a GradientTransformation of its own type, so that
     ``chain`` recognises (and flattens) a nested chain by ``isinstance``."""
 
@@ -185,7 +185,7 @@ def chain(*transformations: GradientTransformation) -> GradientTransformation:
                 "GradientTransformation; pass optimizers such as fd.optim.adam(1e-3) or "
                 "building blocks such as fd.optim.scale(-0.1) (call the factory)."
             )
-        if isinstance(tx, _Chain):
+        if isinstance(tx, Chain):
             flat.extend(tx.txs)
         elif getattr(tx.update, "kwargs", {}).get("name") != "identity":
             flat.append(tx)
@@ -193,7 +193,7 @@ def chain(*transformations: GradientTransformation) -> GradientTransformation:
         return identity()
     if len(flat) == 1:
         return flat[0]
-    return _Chain(*transformation("chain", _chain_init, _chain_update, txs=tuple(flat)))
+    return Chain(*transformation("chain", _chain_init, _chain_update, txs=tuple(flat)))
 
 
 # ------------------------------------------------------------------ apply_updates

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from .._eager import plain
-from .._td import TensorDict, _new
+from .._td import TensorDict, from_parts
 from .._td._tree import flat_leaves, same_keys, tree
 from . import _errors as E
 
@@ -92,7 +92,7 @@ def scalar_dtype(leaves: list[Tensor]) -> torch.dtype:
 
 def state_td(entries: dict[str, Any]) -> TensorDict:
     """An optimizer state: a TensorDict of batch size ``[]`` (entries not checked)."""
-    return _new(entries, torch.Size([]))
+    return from_parts(entries, torch.Size([]))
 
 
 # ------------------------------------------------------------------ list ops

@@ -1,7 +1,7 @@
 """One rank of the 2-process gloo job of tests/test_distributed_fit.py: faults of
 ``fd.fit(data_parallel=True)`` and its exact resume.
 
-Run as ``python tests/_dist_fit_worker.py RANK WORLD PORT OUT_DIR TIMEOUT``. Each
+Run as ``python tests/_support/dist_fit_worker.py RANK WORLD PORT OUT_DIR TIMEOUT``. Each
 check returns what the test asserts on (the error message on every rank,
 timings); the last one stalls rank 1 past the timeout, which leaves the group
 broken, so it runs last, without a barrier after it.
@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 import functd as fd
-from tests._dist_job import run_checks
+from tests._support.dist_job import run_checks
 
 torch.set_default_dtype(torch.float64)
 RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

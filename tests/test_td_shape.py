@@ -2,7 +2,9 @@
 
 The reference for indexing is a tensor of the batch shape (for the new batch
 size) and each leaf indexed on its batch dims (for the values); tensordict is a
-second reference where it is installed.
+second reference where it is installed. Bad input (mismatched keys, shapes or
+batch sizes, indices past the batch dims) raises an error that names what failed, and
+leaves its inputs unchanged.
 """
 
 import pytest
@@ -12,6 +14,7 @@ from hypothesis import strategies as st
 
 import functd as fd
 from functd.testing import assert_close, batch_shapes, example_tensordicts, tensordicts
+from tests._support.snapshot import Snapshot, unchanged_example
 
 
 def make(bs=(4, 3)):
@@ -418,3 +421,99 @@ def test_rename_to_itself_keeps_the_order():
     td = make()
     assert td.rename({"x": "x"}).keys() == td.keys()
     assert td.rename({"x": "y"}).keys() == ("s", "obs", "y")  # a new name goes last
+
+
+@pytest.fixture
+def td():
+    """A nested TensorDict the test must leave unchanged (checked at teardown)."""
+    yield from unchanged_example()
+
+
+# ------------------------------------------------------------------ stack / cat errors
+def test_stack_different_keys_names_them(td):
+    other = td.exclude("x").set("y", torch.zeros(5))
+    snap = Snapshot(other)
+    with pytest.raises(ValueError, match=r"different keys; only in 0: 'x'; only in 1: 'y'"):
+        fd.stack([td, other])
+    with pytest.raises(ValueError, match=r"only in 0: 'x'; only in 1: 'y'"):
+        fd.cat([td, other])
+    snap.check()
+
+
+def test_stack_different_nested_keys_names_full_path(td):
+    other = td.set(("obs", "vel"), torch.zeros(5))
+    with pytest.raises(ValueError, match=r"only in 0: \(none\); only in 1: \('obs', 'vel'\)"):
+        fd.stack([td, other])
+
+
+def test_stack_different_feature_shapes(td):
+    other = td.set(("obs", "pos"), torch.zeros(5, 4))
+    with pytest.raises(ValueError, match=r"entry \('obs', 'pos'\) has feature shape \[2\].*\[4\]"):
+        fd.stack([td, other])
+    with pytest.raises(ValueError, match=r"feature shape \[2\] in TensorDict 0 but \[4\]"):
+        fd.cat([td, other])
+
+
+def test_stack_cat_batch_sizes(td):
+    with pytest.raises(ValueError, match=r"batch_size \[5\] but TensorDict 1 has \[2\]"):
+        fd.stack([td, td[:2]])
+    with pytest.raises(ValueError, match=r"may differ only in dim 0"):
+        fd.cat([td, fd.stack([td, td])])
+
+
+def test_stack_cat_nested_batch_sizes_differ():
+    a = fd.TensorDict({"c": fd.TensorDict({"y": torch.zeros(3, 2)}, [3, 2])}, [3])
+    b = fd.TensorDict({"c": fd.TensorDict({"y": torch.zeros(3, 4)}, [3, 4])}, [3])
+    snaps = Snapshot(a), Snapshot(b)
+    msg = r"entry 'c' is a TensorDict of batch_size \[3, 2\] in TensorDict 0 but \[3, 4\]"
+    with pytest.raises(ValueError, match=msg):
+        fd.stack([a, b])
+    with pytest.raises(ValueError, match=msg):
+        fd.cat([a, b])
+    for snap in snaps:
+        snap.check()
+    assert fd.cat([a, fd.cat([a, a])])["c"].batch_size == torch.Size([9, 2])
+
+
+def test_stack_entry_type_differs(td):
+    other = td.set("obs", torch.zeros(5))
+    with pytest.raises(ValueError, match=r"entry 'obs' is a TensorDict in TensorDict 0"):
+        fd.stack([td, other])
+
+
+def test_stack_bad_arguments(td):
+    with pytest.raises(TypeError, match=r"non-empty list"):
+        fd.stack([])
+    with pytest.raises(TypeError, match=r"non-empty list"):
+        fd.stack(td)
+    with pytest.raises(TypeError, match=r"element 1 is a dict"):
+        fd.cat([td, {"x": 1}])
+    with pytest.raises(IndexError, match=r"dim 3 is out of range"):
+        fd.stack([td, td], 3)
+
+
+# ------------------------------------------------------------------ indexing and reshape errors
+@pytest.mark.parametrize("idx", [(0, 0), (..., 0, 1), (slice(None), 0), torch.zeros(5, 2) > 0])
+def test_index_past_batch_dims(td, idx):
+    with pytest.raises(IndexError, match=r"uses 2 dims, but the TensorDict has only 1 batch dims"):
+        td[idx]
+
+
+def test_bad_index_types(td):
+    with pytest.raises(TypeError, match=r"type float is not supported"):
+        td[1.5]
+    with pytest.raises(TypeError, match=r"Python bools"):
+        td[True]
+    with pytest.raises(IndexError, match=r"single ellipsis"):
+        td[..., ...]
+
+
+def test_shape_op_errors(td):
+    with pytest.raises(ValueError, match=r"cannot become \[7\]"):
+        td.reshape(7)
+    with pytest.raises(ValueError, match=r"only one dim can be -1"):
+        td.reshape(-1, -1)
+    with pytest.raises(ValueError, match=r"size 5 cannot expand to 3"):
+        td.expand(3)
+    with pytest.raises(IndexError, match=r"unsqueeze: dim 3 is out of range"):
+        td.unsqueeze(3)

@@ -1,4 +1,5 @@
-"""Lowering torch modules, the FunctionalCall fallback, and state <-> TensorDict conversion."""
+"""Torch modules in functd: lowering onto functd.nn layers, the FunctionalCall fallback,
+and the state <-> TensorDict conversion of fd.from_module / fd.to_module (and its errors)."""
 
 from __future__ import annotations
 
@@ -176,6 +177,12 @@ def test_load_td_errors():
     assert torch.equal(lin.weight, w0) and not torch.all(lin.bias == 1)  # nothing copied
     with pytest.raises(TypeError, match="TensorDict"):
         fnn.load_td({"weight": w0}, lin)
+
+
+def test_from_module_of_pure_layer_module():
+    m = fd.Module(fd.nn.Linear(3, 4), ["x"], ["h"])
+    with pytest.raises(TypeError, match=r"holds no weights; create them with m\.init"):
+        fd.from_module(m)
 
 
 class _NoisyNet(nn.Module):

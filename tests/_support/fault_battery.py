@@ -1,13 +1,13 @@
 """Run the distributed fault job of tests/test_distributed_fit.py many times.
 
-Each run launches the 2 gloo ranks of tests/_dist_fit_worker.py (bounded by a
+Each run launches the 2 gloo ranks of tests/_support/dist_fit_worker.py (bounded by a
 timeout: a hang counts as a failure) and applies every test of
 tests/test_distributed_fit.py that reads the job's report; it prints the number
 of runs in which each test passed and the stalled-rank timings (seconds from
 entering the collective to the error, per rank). The figures of
 notes/reliability.md come from::
 
-    python -m tests._fault_battery OUT_DIR --runs 10
+    python -m tests._support.fault_battery OUT_DIR --runs 10
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from tests import test_distributed_fit as t
-from tests._dist_job import launch
+from tests._support.dist_job import launch
 
 
 def main() -> None:

@@ -1,6 +1,6 @@
 """One rank of tests/test_distributed_backend.py: functd.distributed on one backend.
 
-Run as ``python tests/_dist_backend_worker.py RANK WORLD PORT OUT_DIR BACKEND``
+Run as ``python tests/_support/dist_backend_worker.py RANK WORLD PORT OUT_DIR BACKEND``
 with BACKEND ``gloo`` (CPU tensors) or ``nccl`` (rank ``r`` on CUDA device
 ``r % device_count``). The checks are written once for either device: the
 collectives on TensorDicts, ``chain(pmean(), adam)`` against one process on the
@@ -18,7 +18,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import functd as fd
-from tests._dist_job import run_checks
+from tests._support.dist_job import run_checks
 
 RANK, WORLD, PORT, OUT, BACKEND = (
     int(sys.argv[1]),

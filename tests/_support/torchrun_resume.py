@@ -1,6 +1,6 @@
 """A data-parallel ``fd.fit(checkpoint=..., resume=True)`` run under ``torchrun``.
 
-``torchrun --nproc-per-node 2 --max-restarts 2 tests/_torchrun_resume.py OUT KILL_STEP``:
+``torchrun --nproc-per-node 2 --max-restarts 2 tests/_support/torchrun_resume.py OUT KILL_STEP``:
 in the first attempt (``TORCHELASTIC_RESTART_COUNT=0``) rank 1 kills itself with
 SIGKILL in the loss of step ``KILL_STEP`` (``-1``: never); torchrun then stops
 rank 0 and restarts both, which resume from the checkpoint. The restarted ranks

@@ -1,6 +1,8 @@
 """``str`` subclasses and ``enum.StrEnum`` keys behave as their string value everywhere:
 TensorDict, Module, Sequential and its plan; a subclass's own ``__repr__``/``__eq__``/
-``__hash__`` never reaches functd (keys are stored as plain ``str``)."""
+``__hash__`` never reaches functd (keys are stored as plain ``str``). A missing,
+misplaced or malformed key raises an error that lists the keys there are, says where a
+nested key broke, and leaves the TensorDict unchanged."""
 
 import enum
 import sys
@@ -12,6 +14,7 @@ from torch import nn
 import functd as fd
 from functd._modules._plan import plan_source, reference
 from functd.testing import assert_close
+from tests._support.snapshot import unchanged_example
 
 if sys.version_info >= (3, 11):
     StrEnum = enum.StrEnum
@@ -144,3 +147,76 @@ def test_an_argument_name_with_its_own_eq_is_its_value():
     m = fd.Module(lambda h: h * 2, {"x": Evil("h")}, ["y"])
     td = fd.TensorDict({"x": torch.ones(2)}, [2])
     assert_close(m(None, td)["y"], 2 * td["x"])
+
+
+@pytest.fixture
+def td():
+    """A nested TensorDict the test must leave unchanged (checked at teardown)."""
+    yield from unchanged_example()
+
+
+# ------------------------------------------------------------------ key errors
+def test_missing_key_lists_existing_keys(td):
+    with pytest.raises(KeyError, match=r"no key 'nope'; it has: 'x', 'obs'"):
+        td["nope"]
+    with pytest.raises(KeyError, match=r"no key 'nope'; it has: 'x', 'obs'"):
+        td.get("nope")
+
+
+def test_missing_nested_key_says_where_it_broke(td):
+    with pytest.raises(KeyError, match=r"\('obs', 'vel'\).*broke after 'obs' \(level 1\).*'pos'"):
+        td["obs", "vel"]
+    with pytest.raises(KeyError, match=r"no key \('a', 'b'\); it has: 'x', 'obs'"):
+        td.get(("a", "b"))
+
+
+def test_key_through_a_leaf(td):
+    with pytest.raises(KeyError, match=r"goes through 'x', which is a Tensor"):
+        td["x", "y"]
+    with pytest.raises(KeyError, match=r"cannot set \('x', 'y'\): 'x' holds a Tensor"):
+        td.set(("x", "y"), torch.zeros(5))
+    with pytest.raises(KeyError, match=r"cannot set \('obs', 'pos', 'z'\): \('obs', 'pos'\)"):
+        td.set(("obs", "pos", "z"), torch.zeros(5))
+
+
+@pytest.mark.parametrize("key", [3, 1.5, ("obs", 1), (b"x",), None, ["x"]])
+def test_bad_key_type(td, key):
+    with pytest.raises(TypeError, match=r"keys are str or non-empty tuples of str"):
+        td.get(key)
+    with pytest.raises(TypeError, match=r"keys are str or non-empty tuples of str"):
+        td.set(key, torch.zeros(5))
+
+
+def test_bad_key_in_source():
+    x = torch.zeros(3)
+    source = {1: x}
+    with pytest.raises(TypeError, match=r"got 1 of type int"):
+        fd.TensorDict(source, [3])
+    assert source == {1: x} and source[1] is x
+    with pytest.raises(TypeError, match=r"keys must be str; got the tuple \('a', 'b'\).*Nest"):
+        fd.TensorDict({("a", "b"): x}, [3])
+    with pytest.raises(TypeError, match=r"nested mapping keys must be str"):
+        fd.TensorDict({"a": {("b",): x}}, [3])
+
+
+def test_bad_source():
+    with pytest.raises(TypeError, match=r"takes a mapping.*got a list"):
+        fd.TensorDict([torch.zeros(3)], [3])
+
+
+def test_empty_tuple_key(td):
+    with pytest.raises(KeyError, match=r"empty tuple.*td\[\.\.\.\]"):
+        td[()]
+    with pytest.raises(KeyError, match=r"empty tuple"):
+        td.get(())
+    with pytest.raises(KeyError, match=r"empty tuple"):
+        td.set((), torch.zeros(5))
+    with pytest.raises(KeyError, match=r"empty tuple"):
+        td.select(())
+
+
+def test_mixed_key_and_batch_index(td):
+    with pytest.raises(TypeError, match=r"mixes keys and batch indices.*td\['x'\]\[\.\.\.\]"):
+        td["x", 0]
+    with pytest.raises(TypeError, match=r"mixes keys and batch indices"):
+        td[0, "x"]

@@ -9,7 +9,7 @@ import pathlib
 import sys
 from types import ModuleType
 
-ROOT = pathlib.Path(__file__).parents[1]
+ROOT = pathlib.Path(__file__).parents[2]
 
 
 def load_example(name: str, folder: str = "examples") -> ModuleType:

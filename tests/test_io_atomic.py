@@ -1,4 +1,4 @@
-"""fd.save is atomic: kill -9 at random moments (tests/kill_save.py), failures midway,
+"""fd.save is atomic: kill -9 at random moments (tests/_support/kill_save.py), failures midway,
 symlinks, permissions, fsync order and the sweep of temporary files."""
 
 import io
@@ -21,7 +21,7 @@ def _td(v: float = 1.0) -> fd.TensorDict:
 
 
 def test_kill_9_during_save_leaves_the_old_or_the_new_file(tmp_path):
-    script = os.path.join(os.path.dirname(__file__), "kill_save.py")
+    script = os.path.join(os.path.dirname(__file__), "_support", "kill_save.py")
     cmd = [sys.executable, script, "--kills", "10", "--mb", "4", "--path", str(tmp_path / "c.pt")]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -3,8 +3,8 @@
 ``build(folder)`` writes each case and returns ``[Case]``: the file, what
 ``fd.load`` must do (load ``value``, or raise ``error`` whose message matches
 ``says``) and the file's honest content in bytes (its size; for a case whose
-archive is a valid checkpoint, the same). ``tests/test_hostile_files.py`` runs
-them; ``python tests/hostile_files.py`` prints every message and the peak
+archive is a valid checkpoint, the same). ``tests/test_io_hostile_files.py`` runs
+them; ``python tests/_support/hostile_files.py`` prints every message and the peak
 allocation of each case (tracemalloc + RSS) for notes/reliability.md.
 
 The zip archives are written by ``_zip`` below (local headers, central

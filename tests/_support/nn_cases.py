@@ -54,7 +54,7 @@ LAYER_CASES: dict[str, tuple[Callable[[], fnn.Layer], Callable[[], tuple[torch.T
     "LayerNorm": (lambda: fnn.LayerNorm(5), _x(5)),
     "GroupNorm": (lambda: fnn.GroupNorm(2, 4), _x(4, 4)),  # valid batched and per sample
     "RMSNorm": (lambda: fnn.RMSNorm(5), _x(5)),
-    # eval mode (training mode returns (y, new_state): tests/test_batchnorm.py and the
+    # eval mode (training mode returns (y, new_state): tests/test_nn_batchnorm.py and the
     # stateful conformance entries); square shapes: valid batched and per sample
     "BatchNorm1d": (lambda: fnn.BatchNorm1d(3, training=False), _x(3, 3)),
     "BatchNorm2d": (lambda: fnn.BatchNorm2d(2, momentum=None, training=False), _x(2, 2, 3)),

@@ -1,7 +1,7 @@
 """One rank of the 2-process gloo job of tests/test_distributed_checkpoint.py: DTensor
 params and optimizer state through torch.distributed.checkpoint.
 
-Run as ``python tests/_dist_dcp_worker.py RANK WORLD PORT OUT_DIR``. The checks save
+Run as ``python tests/_support/dist_dcp_worker.py RANK WORLD PORT OUT_DIR``. The checks save
 sharded params (weights ``Shard(0)``) and Adam's state after a step to
 ``OUT/ckpt``, with the full values beside it (``OUT/full.pt``, plain, by rank 0);
 they load them back on the 2 ranks with another sharding; ``fd.fit(data_parallel=True,
@@ -23,7 +23,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 import functd as fd
-from tests._dist_job import run_checks
+from tests._support.dist_job import run_checks
 
 torch.set_default_dtype(torch.float64)
 RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

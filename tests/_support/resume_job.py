@@ -15,7 +15,7 @@ the ``os.replace`` calls of the rotation.
 Run by tests/test_resume.py with a few kills; the larger battery of
 notes/reliability.md is::
 
-    python -m tests._resume_job OUT_DIR --trials 10 --kills 6 --write-kills
+    python -m tests._support.resume_job OUT_DIR --trials 10 --kills 6 --write-kills
 
 It prints (and writes to ``OUT_DIR/summary.json``) the figures.
 """

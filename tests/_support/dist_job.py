@@ -8,7 +8,7 @@ the checks in order on every rank, records each outcome (a failing check is
 recorded, and the job goes on), writes the report and leaves.
 
 Example:
-    >>> reports = launch(ROOT / "tests" / "distributed_worker.py", 2, tmp_path)
+    >>> reports = launch(ROOT / "tests" / "_support" / "dist_worker.py", 2, tmp_path)
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def launch(worker: str | os.PathLike, world: int, out: Path, *extra: str, timeout: float = 180):

@@ -11,8 +11,8 @@ write" is one that left the writer's temporary file behind. At the end one more
 save runs to completion and must have removed every temporary file of the
 killed writers.
 
-Run: ``python tests/kill_save.py --kills 60 --mb 8 [--seed 0] [--path P]``; prints
-a JSON summary (tests/test_files_atomic.py runs 10 kills of 4 MB).
+Run: ``python tests/_support/kill_save.py --kills 60 --mb 8 [--seed 0] [--path P]``; prints
+a JSON summary (tests/test_io_atomic.py runs 10 kills of 4 MB).
 """
 
 from __future__ import annotations

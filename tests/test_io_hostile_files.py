@@ -1,4 +1,4 @@
-"""fd.load on the hostile corpus (tests/hostile_files.py): every case is a clear functd
+"""fd.load on the hostile corpus (tests/_support/hostile_files.py): every case is a clear functd
 error or the right value, with no allocation above twice the file's honest content.
 
 Allocation is measured two ways: tracemalloc (Python objects, including the bytes
@@ -13,10 +13,10 @@ import re
 import subprocess
 import sys
 
-import hostile_files as H
 import pytest
 
 from functd.testing import assert_close
+from tests._support import hostile_files as H
 
 BOMB_MB = 256  # the zip bomb's declared size (the issue's was 1.5 GB; same file shape)
 TRACE_SLACK = 256 << 10  # Python bookkeeping of one load: zipfile entries, the error

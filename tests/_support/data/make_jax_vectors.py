@@ -5,7 +5,7 @@ environment, whenever the reference vectors need to be regenerated::
 
     python3 -m venv /tmp/jaxvenv
     /tmp/jaxvenv/bin/pip install jax jaxlib numpy
-    /tmp/jaxvenv/bin/python tests/data/make_jax_vectors.py
+    /tmp/jaxvenv/bin/python tests/_support/data/make_jax_vectors.py
 
 Every value is stored as an unsigned integer so that the comparison in
 ``tests/test_random.py`` is bit-exact: keys and bits as their unsigned value,

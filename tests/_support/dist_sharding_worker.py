@@ -1,6 +1,6 @@
 """One rank of the 2-process job of tests/test_distributed_sharding.py.
 
-Run as ``python tests/_dist_sharding_worker.py RANK WORLD PORT OUT_DIR``: joins a
+Run as ``python tests/_support/dist_sharding_worker.py RANK WORLD PORT OUT_DIR``: joins a
 gloo group on 127.0.0.1, runs every check, and writes ``OUT_DIR/rank{RANK}.json``:
 ``{check: {"value": float | str, ...}}``. The test asserts on the values; a check
 that raised records ``{"error": "..."}``.

@@ -1,6 +1,6 @@
 """One rank of the 2-process gloo job of tests/test_distributed.py.
 
-Run as ``python tests/distributed_worker.py RANK WORLD PORT OUT_DIR`` (the test
+Run as ``python tests/_support/dist_worker.py RANK WORLD PORT OUT_DIR`` (the test
 starts both ranks). Every check runs on both ranks in the same order (the
 collectives pair up); its outcome, ``"ok"`` or the error's type and message,
 goes to ``OUT_DIR/rank{RANK}.json``. A check that fails raises on its rank and
@@ -21,7 +21,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import functd as fd
-from tests._dist_job import run_checks
+from tests._support.dist_job import run_checks
 
 torch.set_default_dtype(torch.float64)
 RANK, WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]

@@ -5,7 +5,7 @@ rule: jax is not a dependency of functd)::
 
     python3 -m venv /tmp/jaxvenv
     /tmp/jaxvenv/bin/pip install jax jaxlib numpy
-    /tmp/jaxvenv/bin/python tests/data/make_jax_vmap_vectors.py
+    /tmp/jaxvenv/bin/python tests/_support/data/make_jax_vmap_vectors.py
 
 For each seed, ``keys = split(PRNGKey(seed), 3)`` and every sampler of ``SAMPLERS``
 is drawn four ways: ``vmap(f)(keys)``; nested, ``vmap(vmap(f))`` over

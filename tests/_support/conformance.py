@@ -12,10 +12,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from nn_cases import LAYER_CASES
 
 import functd as fd
 from functd._modules._call import ModuleKind
+from tests._support.nn_cases import LAYER_CASES
 
 B = 4
 
