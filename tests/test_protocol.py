@@ -261,3 +261,19 @@ def test_the_interaction_option_reaches_a_nested_sequence():
     ref = inner(None, td.set("loc", torch.tanh(td["loc"])), key=fd.random.fold_in(key, 1),
                 interaction="random")  # fmt: skip
     assert torch.equal(out["a"], ref["a"])
+
+
+def test_every_kind_is_called_through_the_one_entry():
+    # one __call__ (forms, checks); the kinds differ through run / run_td / call_options
+    for kind in (fd.Module, fd.Sequential, fd.Probabilistic, fd.ProbabilisticSequential):
+        assert kind.__call__ is ModuleKind.__call__, kind
+    head = fd.Probabilistic(["loc", "scale"], ["a"], torch.distributions.Normal, num_samples=3)
+    policy = fd.ProbabilisticSequential(fd.Module(torch.neg, ["x"], ["loc"]), head)
+    assert policy.num_samples == head.num_samples == (3,)
+    td = fd.TensorDict({"x": torch.zeros(2), "scale": torch.ones(2)}, [2])
+    out = policy(None, td, key=fd.random.key(0), interaction="random")
+    assert out["a"].shape == (3, 2) and out["x"].shape == (3, 2)
+    with pytest.raises(ValueError, match="call the ProbabilisticSequential itself"):
+        fd.Sequential(fd.Module(torch.neg, ["x"], ["y"]), policy.select_out_keys("a"))(None, td)
+    with pytest.raises(ValueError, match=r"which a plain fd\.Sequential cannot do"):
+        fd.Sequential(fd.Module(torch.neg, ["x"], ["loc"]), head)(None, td)
