@@ -33,11 +33,23 @@ import warnings
 import torch
 from torch import Tensor
 
-# The kernel's modes (the enum of _fused_ext.c) and the calling convention's version.
-MODE_PAIRS, MODE_BITS32, MODE_BITS64, MODE_UNIT32, MODE_NORMAL_PRE = range(5)
-MODE_AFFINE32, MODE_NEG32, MODE_UNIT64, MODE_ERFINV_LT, MODE_RANGE32, MODE_FOLD = range(5, 11)
-MODE_ERFINV_GATHER, MODE_ERFINV_GT = 11, 12
-VERSION = 4
+# The kernel's modes: the values of the enum of _fused_ext.c, one by one (a test reads
+# the C enum and compares). A call passes ``mode | threads << 8``. Plain ints: a module
+# global is read ~4x faster than an enum member, and a draw reads one per call.
+MODE_PAIRS = 0  # the counters' hash as uint32 pairs (new keys: split, fold_in)
+MODE_BITS32 = 1  # uint32 words (x0 ^ x1)
+MODE_BITS64 = 2  # uint64 words (x0 << 32 | x1)
+MODE_UNIT32 = 3  # float32 uniforms in [0, 1)
+MODE_NORMAL_PRE = 4  # float32 normal, first pass: x = max(a, 2u + a) and -(x * x)
+MODE_AFFINE32 = 5  # float32 max(b, u * a + b)
+MODE_NEG32 = 6  # float32 -u
+MODE_UNIT64 = 7  # float64 uniforms in [0, 1)
+MODE_ERFINV_LT = 8  # float32 normal: erf_inv's first polynomial, listing the rest
+MODE_RANGE32 = 9  # float32 max(lo, float(double(u) * a + b)) (uniform in a range)
+MODE_FOLD = 10  # fold_in: one counter (0, data[k]) per key, as pairs
+MODE_ERFINV_GATHER = 11  # float32 normal: list the elements past the first polynomial again
+MODE_ERFINV_GT = 12  # float32 normal: erf_inv's second polynomial on the listed elements
+VERSION = 4  # the calling convention's version (the extension's VERSION)
 _THREADED = 1 << 18  # draws this large are shared by torch.get_num_threads() threads
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
 _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
@@ -114,8 +126,13 @@ def _vmap_only() -> bool:
     return all(i.key() == _VMAP for i in _stack())
 
 
+#: What ``_serves`` answers: the pure ops run (falsy), or the kernel serves a plain eager
+#: CPU key, or a CPU key under vmap levels only (unwrapped, drawn, wrapped back).
+PURE, EAGER, UNDER_VMAP = 0, 1, 2
+
+
 def _serves(key: Tensor) -> int:
-    """0: the pure path; 1: a plain eager CPU key; 2: a CPU key under vmap levels only."""
+    """``PURE``, ``EAGER`` or ``UNDER_VMAP``: how a draw from ``key`` may be served."""
     if (
         torch.compiler.is_compiling()  # first: dynamo must see nothing else here
         or type(key) is not Tensor
@@ -125,10 +142,10 @@ def _serves(key: Tensor) -> int:
         or _function_mode()  # e.g. `with torch.device(...)`
         or _tracing() is not None
     ):
-        return 0
+        return PURE
     if _transforms() is None:  # no torch.func level
-        return 0 if _is_wrapped(key) else 1
-    return 2 if _VMAP_HOOKS and _vmap_only() else 0
+        return PURE if _is_wrapped(key) else EAGER
+    return UNDER_VMAP if _VMAP_HOOKS and _vmap_only() else PURE
 
 
 def usable(key: Tensor) -> bool:
@@ -227,7 +244,7 @@ def run(
     how = _serves(key)
     if not how or not (fn := _KERNEL if _KERNEL is not None else _load()):
         return None
-    if how == 2:
+    if how == UNDER_VMAP:
         return _under_vmap(_run, (key,), fn, mode, shape, dtype, a, b, first)
     return _run(key, fn, mode, shape, dtype, a, b, first)
 
@@ -259,7 +276,7 @@ def fold(key: Tensor, data: Tensor) -> Tensor | None:
     how = _serves(key)
     if not how or not data.is_cpu or not (fn := _KERNEL if _KERNEL is not None else _load()):
         return None
-    if how == 2:
+    if how == UNDER_VMAP:
         return _under_vmap(_fold, (key, data), fn)
     return None if _is_wrapped(data) else _fold(key, data, fn)
 
@@ -285,7 +302,7 @@ def normal32(key: Tensor, shape: tuple[int, ...]) -> Tensor | None:
     how = _serves(key)
     if not how or not (fn := _KERNEL if _KERNEL is not None else _load()):
         return None
-    if how == 2:
+    if how == UNDER_VMAP:
         return _under_vmap(_normal32, (key,), fn, shape)
     return _normal32(key, fn, shape)
 

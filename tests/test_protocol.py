@@ -1,7 +1,7 @@
 """The calling protocol of the module kinds (``functd/_modules/_call.py``).
 
 A module kind written here, in the tests, with nothing but the protocol
-(``children``, ``with_children``, ``_step`` with explicit call options) gets
+(``children``, ``with_children``, ``run`` with explicit call options) gets
 ``fd.nn.eval_mode``, ``split_state``/``merge_state``/``buffer_paths``,
 ``apply_with_state``, ``fd.from_module``, composition in a Sequential and fd.vmap:
 each checked against the same computation written with ``torch.nn``. (The
@@ -121,7 +121,7 @@ def test_protocol_defaults_of_a_minimal_kind():
         def _identity(self):
             return ()
 
-        def _step(self, params, data, bs, opts):
+        def run(self, params, data, bs, opts):
             data["y"] = data["x"] * 2
 
     s = Scale()
@@ -261,3 +261,19 @@ def test_the_interaction_option_reaches_a_nested_sequence():
     ref = inner(None, td.set("loc", torch.tanh(td["loc"])), key=fd.random.fold_in(key, 1),
                 interaction="random")  # fmt: skip
     assert torch.equal(out["a"], ref["a"])
+
+
+def test_every_kind_is_called_through_the_one_entry():
+    # one __call__ (forms, checks); the kinds differ through run / run_td / call_options
+    for kind in (fd.Module, fd.Sequential, fd.Probabilistic, fd.ProbabilisticSequential):
+        assert kind.__call__ is ModuleKind.__call__, kind
+    head = fd.Probabilistic(["loc", "scale"], ["a"], torch.distributions.Normal, num_samples=3)
+    policy = fd.ProbabilisticSequential(fd.Module(torch.neg, ["x"], ["loc"]), head)
+    assert policy.num_samples == head.num_samples == (3,)
+    td = fd.TensorDict({"x": torch.zeros(2), "scale": torch.ones(2)}, [2])
+    out = policy(None, td, key=fd.random.key(0), interaction="random")
+    assert out["a"].shape == (3, 2) and out["x"].shape == (3, 2)
+    with pytest.raises(ValueError, match="call the ProbabilisticSequential itself"):
+        fd.Sequential(fd.Module(torch.neg, ["x"], ["y"]), policy.select_out_keys("a"))(None, td)
+    with pytest.raises(ValueError, match=r"which a plain fd\.Sequential cannot do"):
+        fd.Sequential(fd.Module(torch.neg, ["x"], ["loc"]), head)(None, td)

@@ -34,6 +34,15 @@ def kernel():
     return fn
 
 
+def test_modes_are_the_c_enum():
+    """The mode constants of _fused.py are the values of _fused_ext.c's enum, in order."""
+    src = (pathlib.Path(_fused.__file__).parent / "_fused_ext.c").read_text()
+    body = src[src.index("enum { MODE_PAIRS") + len("enum {") :]
+    names = [n.strip() for n in body[: body.index("}")].split(",")]
+    assert names and all(getattr(_fused, n) == i for i, n in enumerate(names)), names
+    assert {n for n in vars(_fused) if n.startswith("MODE_")} == set(names)
+
+
 def pure(f, *args):
     """``f(*args)`` on the pure torch-op path."""
     saved, _fused._KERNEL = _fused._KERNEL, False

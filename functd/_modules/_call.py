@@ -2,20 +2,42 @@
 
 A module kind (``fd.Module``, ``fd.Sequential``, ``fd.Probabilistic``,
 ``fd.ProbabilisticSequential``, or one of your own) is a frozen, hashable value
-that subclasses ``ModuleKind`` and answers for itself:
+that subclasses ``ModuleKind``. Its call, ``m(params, td, key=...)``, is
+``ModuleKind.__call__`` for every kind: it turns the positional and keyword forms
+into a td call and checks the arguments. What differs between kinds goes through
+these methods, and only these:
 
-- ``children()``: its named sub-modules (``()`` for a leaf), and
-  ``with_children(new)``: the same kind rebuilt around new children;
-- ``_step(params, data, batch_size, opts)``: run once on the working ``dict``
+- ``run(params, data, batch_size, opts)``: **the step**, on the working ``dict``
   ``data`` (the entries of the td being built), given the call options ``opts``
   (an ``Options``: the PRNG key, the interaction type, whether new running
   statistics are collected; ``None`` means all defaults). It writes its outputs
-  into ``data`` and returns its new running statistics when ``opts.collect``
-  asks for them (else None);
+  into ``data`` and returns its new running statistics when ``opts.collect`` asks
+  for them (else None). Every kind implements it; a parent runs its children's.
+- ``run_td(params, td, opts)``: one call on a TensorDict: by default ``run`` on a
+  working copy of td's entries, which becomes the new td. A sequence runs the
+  plan of td's layout instead (``_plan.call``); a probabilistic kind with
+  ``num_samples`` vmaps its one-sample step over split keys.
+- ``call_options(key, ...)``: the call's ``Options`` from ``key=`` and the
+  kind's ``option_names`` keywords (``interaction=`` for the probabilistic
+  kinds), checked; None for the defaults.
+- ``children()``: its named sub-modules (``()`` for a leaf), and
+  ``with_children(new)``: the same kind rebuilt around new children;
+  ``spliced_children()``: the children a Sequential splices in its place (a
+  Sequential without a selection), or None;
+- ``describe()``: the ``_step.Step`` a Sequential's plan may write out, or None;
 - ``with_training(flag)``: its own mode switch (``fd.nn.eval_mode`` calls it);
   the default rebuilds the children switched;
-- ``own_buffer_paths()`` and ``torch_source()``: the running statistics and the
-  torch module it holds itself (``fd.nn.split_state``, ``fd.from_module``).
+- ``own_buffer_paths()``, ``own_held_paths()`` and ``torch_source()``: the
+  running statistics, held-out params and torch module it holds itself
+  (``fd.nn.split_state``, ``fd.trainable``, ``fd.from_module``);
+- traits: ``has_params``, ``random``, ``stateful`` (from the children by
+  default), ``probabilistic`` (a class attribute: it draws from a distribution).
+
+Two families add their own: a sequence (``_sequential.SequenceKind``) has
+``run_children(...)``, the one child loop, and ``child_step(m)``, the step it runs
+for child ``m`` (``m.run``; a probabilistic sequence draws its heads); a
+probabilistic kind (``_probabilistic.ProbabilisticKind``) has ``draw(...)``, its
+one-sample step, which its ``run`` refuses to stand for under ``num_samples``.
 
 Everything generic (``fd.nn.eval_mode``, ``split_state``, ``from_module``, a
 Sequential's child loop, ``apply_with_state``, the keyword and positional call
@@ -31,10 +53,10 @@ Example:
     ...     def _identity(self): return (self.inner,)
     ...     def children(self): return (("inner", self.inner),)
     ...     def with_children(self, new): return Twice(*new)
-    ...     def _step(self, params, data, bs, opts):  # the child's step, twice
+    ...     def run(self, params, data, bs, opts):  # the child's step, twice
     ...         p = params["inner"] if self.inner.has_params else None
-    ...         self.inner._run(p, data, bs, opts)
-    ...         return self.inner._run(p, data, bs, opts)
+    ...         self.inner.run(p, data, bs, opts)
+    ...         return self.inner.run(p, data, bs, opts)
     >>> twice = Twice(fd.Module(lambda x: x + 1, ["x"], ["x"]))
     >>> twice(None, x=torch.zeros(2))
     tensor([2., 2.])
@@ -52,7 +74,7 @@ from .._td import Key, TensorDict, from_parts
 from ..random import as_key, fold_in
 from ._keys import key_diff
 
-__all__ = ["ModuleKind", "Options", "call_td", "positional_call"]
+__all__ = ["ModuleKind", "Options", "call_forms", "positional_call"]
 
 _NOPE = object()
 _Tensor = torch.Tensor
@@ -67,7 +89,7 @@ def _empty_params() -> TensorDict:
 
 
 class Options:
-    """The options of one call, handed to every ``_step``: ``key`` (a PRNG key or
+    """The options of one call, handed to every ``run``: ``key`` (a PRNG key or
     None), ``interaction`` (an ``fd.InteractionType`` or None: only the
     probabilistic kinds read it), ``collect`` (True under ``apply_with_state``:
     stateful steps return their new running statistics)."""
@@ -124,7 +146,7 @@ Path = tuple[str, ...]
 
 class ModuleKind(Frozen):
     """The calling protocol (see the module docstring). A subclass sets ``in_keys``
-    and ``out_keys`` and implements ``_identity`` and ``_step``; the rest has defaults
+    and ``out_keys`` and implements ``_identity`` and ``run``; the rest has defaults
     for a kind that holds children and no parameters of its own."""
 
     __slots__ = ()
@@ -166,10 +188,10 @@ class ModuleKind(Frozen):
 
     def describe(self) -> Any:
         """The description of this kind's step (``_step.Step``) that a Sequential's plan
-        may write out, or None: the plan runs the kind's own step (``_run``) whole."""
+        may write out, or None: the plan runs the kind's own step (``run``) whole."""
         return None
 
-    def _splice(self) -> tuple[tuple[str, ModuleKind], ...] | None:
+    def spliced_children(self) -> tuple[tuple[str, ModuleKind], ...] | None:
         """The children a Sequential splices in place of this module (a Sequential
         without a selection), or None: it stays one child."""
         return None
@@ -209,13 +231,27 @@ class ModuleKind(Frozen):
         return from_parts(data, torch.Size([]))
 
     # ------------------------------------------------------------ call
-    @property
-    def _run(self):
-        """The function a call runs: ``_step`` (kinds may store a faster one)."""
-        return self._step
+    #: The call keywords besides ``key=`` that are options of this kind, not tensors
+    #: (``("interaction",)`` for the probabilistic kinds); ``call_options`` takes them.
+    option_names: tuple[str, ...] = ()
 
-    def _step(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> Any:
-        raise NotImplementedError(f"{type(self).__name__} must implement _step")
+    def run(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> Any:
+        """The step on the working dict ``data``: a hook of the calling protocol, which
+        a parent calls for its children (see functd/_modules/_call.py); to call a
+        module, call it: ``m(params, td)``."""
+        raise NotImplementedError(f"{type(self).__name__} must implement run")
+
+    def run_td(self, params: Any, td: TensorDict, opts: Options | None) -> TensorDict:
+        """One call on ``td`` (a protocol hook, behind ``m(params, td)``): ``run`` on a
+        working copy of its entries, which becomes the new td."""
+        data = dict(td._data)
+        self.run(params, data, td._batch_size, opts)
+        return from_parts(data, td._batch_size)
+
+    def call_options(self, key: Any = None) -> Options | None:
+        """The options of a call with ``key=``: None for the defaults. A kind with
+        ``option_names`` takes them as further keywords, and checks them."""
+        return None if key is None else Options(key)
 
     def __call__(
         self,
@@ -224,17 +260,17 @@ class ModuleKind(Frozen):
         /,
         *args: torch.Tensor,
         key: Any = None,
-        **tensors: torch.Tensor,
+        **tensors: Any,
     ) -> Any:  # a TensorDict for a td call; the out tensor(s) for a tensor call
         """``m(params, td)`` -> new td; or ``m(params, x=x)`` -> tensor(s) of ``out_keys``.
 
         ``m(params, x, h)``: tensors in ``in_keys`` order (tensordict's positional
         dispatch, after the params), the rest by keyword; returns the out tensors.
+        The probabilistic kinds also take ``interaction=`` (their ``option_names``).
         """
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors)
-        opts = None if key is None else Options(key)
-        return call_td(self, params, td, key, tensors, self._run, opts)
+        if type(td) is TensorDict and not args and not tensors:  # m(params, td[, key=])
+            return self.run_td(params, td, None if key is None else Options(key))
+        return call_forms(self, params, td, args, key, tensors)
 
     def apply_with_state(
         self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
@@ -256,23 +292,30 @@ class ModuleKind(Frozen):
         return apply_with_state(self, params, td, Options(key, None, True))
 
 
-# ---------------------------------------------------------------- shared call bodies
-def call_td(
-    m: Any, params: Any, td: Any, key: Any, tensors: dict, run: Any, opts: Any, call_kw=None
-):
-    """The body every kind's ``__call__`` shares: the keyword form ``m(params, x=x)``,
-    the argument checks, then ``run(params, data, batch_size, opts)`` on a working
-    copy of the td's entries, which becomes the new td."""
+# ---------------------------------------------------------------- the call forms
+def call_forms(m: Any, params: Any, td: Any, args: tuple, key: Any, tensors: dict) -> Any:
+    """``m(...)`` other than ``m(params, td[, key=])``: the kind's option keywords
+    (``interaction=``), the positional form ``m(params, x, h)``, the keyword form
+    ``m(params, x=x)`` and the argument errors; a td call ends in ``m.run_td``."""
+    call_kw = None
+    if tensors and m.option_names:
+        for name in m.option_names:
+            if name in tensors:
+                if call_kw is None:
+                    call_kw = {}
+                call_kw[name] = tensors.pop(name)
+    typ = type(td)
+    if args or (td is not None and typ is not TensorDict and isinstance(td, _Tensor)):
+        return positional_call(m, params, (td, *args), key, tensors, call_kw)
+    opts = None if call_kw is None else m.call_options(key, **call_kw)  # checked first
     if td is None:
         _option_names(m, call_kw)
         return keyword_call(m, params, key, tensors, call_kw)
     if tensors:
         raise TypeError(f"{m._label()}: pass either a TensorDict or keyword tensors, not both.")
-    if not isinstance(td, TensorDict):
+    if typ is not TensorDict and not isinstance(td, TensorDict):
         bad_td(m, params, td)
-    data = dict(td._data)
-    run(params, data, td._batch_size, opts)
-    return from_parts(data, td._batch_size)
+    return m.run_td(params, td, m.call_options(key) if call_kw is None else opts)
 
 
 def apply_with_state(m: Any, params: Any, td: Any, opts: Options) -> tuple[TensorDict, TensorDict]:
@@ -280,7 +323,7 @@ def apply_with_state(m: Any, params: Any, td: Any, opts: Options) -> tuple[Tenso
     if not isinstance(td, TensorDict):
         bad_td(m, params, td)
     data = dict(td._data)
-    state = m._run(params, data, td._batch_size, opts)
+    state = m.run(params, data, td._batch_size, opts)
     if state is None:
         state = from_parts({}, torch.Size([]))
     return from_parts(data, td._batch_size), state

@@ -322,11 +322,11 @@ class Module(ModuleKind):
         return self._fn.init(key, dtype=dtype, device=device)
 
     # ---------------------------------------------------------------- call
-    # __call__ and apply_with_state: ModuleKind's (functd/_modules/_call.py)
-    def _step(
+    # __call__, run_td and apply_with_state: ModuleKind's (functd/_modules/_call.py)
+    def run(
         self, params: TensorDict | None, data: dict, bs: torch.Size, opts: Options | None
     ) -> TensorDict | None:
-        """Run the step on the working dict ``data`` (``_step.run_step``)."""
+        """The step on the working dict ``data``: its description run (``_step.run_step``)."""
         return run_step(self, self._desc, params, data, bs, opts)
 
 

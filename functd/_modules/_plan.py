@@ -1,7 +1,7 @@
 """Straight-line plans: a Sequential call lowered once per input layout.
 
-A Sequential's reference call (``call_td`` running ``Sequential._step``) walks
-its children in a loop, each reading and writing a working dict. The plan of a
+A Sequential's reference call (``ModuleKind.run_td`` running ``SequenceKind.run``)
+walks its children in a loop, each reading and writing a working dict. The plan of a
 (Sequential, layout) pair, where the layout is the td's keys, its number of
 batch dims and whether the call takes the hot path (no key, params given), is
 that same computation written out as straight-line Python, generated once and
@@ -16,7 +16,7 @@ keeps the reference's semantics exactly, using the same building blocks:
   a mapping for several out_keys) go through ``_outputs._write_outputs``, the
   params through ``_params_check._check_params``, as in ``_step.run_step``;
 - any other child (a Probabilistic head, a Sequential kept whole, nested keys,
-  state) runs its own ``_run`` with the call options on a dict holding exactly
+  state) runs its own step (``SequenceKind.child_step``) with the call options on a dict holding exactly
   the entries the reference's working dict holds at that point;
 - a layout where some child reads a key nothing provides, or params that are
   not a TensorDict or lack a child's entry, fall back to the reference call,
@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import itertools
 import linecache
-import sys
 import weakref
 from typing import Any, cast
 
@@ -54,6 +53,7 @@ import torch
 from .._td import (
     TensorDict,
     alloc_uninit,
+    is_dynamo_compiling,
     plain_str,
     set_batch_size_slot,
     set_data_slot,
@@ -61,12 +61,12 @@ from .._td import (
 )
 from .._td._marks import mark
 from ..random import fold_in
-from ._call import _empty_params, bad_params, call_td
+from ._call import ModuleKind, _empty_params, bad_params
 from ._outputs import _write_outputs
 from ._params_check import _check_params
 from ._step import Form, Step, inlinable
 
-__all__ = ["MAX_PLANS", "layout_key", "plan_source", "reference", "run"]
+__all__ = ["MAX_PLANS", "call", "layout_key", "plan_source", "reference"]
 
 #: Most layouts planned per Sequential; a new layout beyond them evicts the least recently used.
 MAX_PLANS = 16
@@ -89,7 +89,7 @@ def _early_drops(modules: Any, drop: tuple) -> list[tuple[str, ...]]:
     """Per module: the unselected str keys to delete right after it runs (the last
     module that writes or reads them). Freeing intermediates early keeps the peak
     memory of a selected chain at that of the plain function (and on CPU avoids
-    fresh pages for every call). The loop (``Sequential._step``) and the plan both
+    fresh pages for every call). The loop (``SequenceKind.run``) and the plan both
     use it."""
     last: dict = {}
     for i, m in enumerate(modules):
@@ -139,15 +139,18 @@ def _write_n(m: Any, bs: torch.Size, out: Any) -> tuple:
     return tuple(w[k] for k in m.out_keys)
 
 
-def run(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict | None:
-    """``seq(params, td)`` with call options ``opts`` through its plan for td's layout;
-    None: the caller runs the reference call (a layout the plan cannot serve, or bad
-    params)."""
+def call(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict:
+    """``seq(params, td)`` with call options ``opts`` (``SequenceKind.run_td``): the plan
+    of td's layout; the reference call (the loop) under dynamo, and where the plan gives
+    up (a layout it cannot serve, or bad params: the loop raises the error)."""
+    if is_dynamo_compiling():
+        return ModuleKind.run_td(seq, params, td, opts)
     layout = layout_key(params, td, opts)
     plans = seq._plans
     plan = plans.get(layout)
     if plan is not None and plan is seq._plan_mru:  # the last call's layout: no bookkeeping
-        return plan(params, td._data, td._batch_size, opts)
+        out = plan(params, td._data, td._batch_size, opts)
+        return out if out is not None else ModuleKind.run_td(seq, params, td, opts)
     if plan is None:
         plan = _compile(seq, layout)
         while len(plans) >= MAX_PLANS:  # evict the least recently used (the first)
@@ -157,22 +160,23 @@ def run(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict | None:
     if plan is not seq._plan_mru:
         plans[layout] = plan  # the most recently used goes last
         object.__setattr__(seq, "_plan_mru", plan)
-    return plan(params, td._data, td._batch_size, opts)
+    out = plan(params, td._data, td._batch_size, opts)
+    return out if out is not None else ModuleKind.run_td(seq, params, td, opts)
 
 
 def reference(
     seq: Any, params: Any, td: TensorDict, *, key: Any = None, interaction: Any = None
 ) -> TensorDict:
     """The reference call of ``seq``: its loop over the children, no plan."""
-    opts = seq._call_options(key, interaction)
-    return call_td(seq, params, td, key, {}, seq._run, opts)
+    opts = seq.call_options(key, **({} if interaction is None else {"interaction": interaction}))
+    return ModuleKind.run_td(seq, params, td, opts)
 
 
 def plan_source(seq: Any, td: TensorDict, *, key: Any = None, params: Any = None) -> str:
     """The Python source of ``seq``'s plan for ``td``'s layout ("" when the reference
     call serves it), followed by comments naming the strings its ``K<n>`` stand for
     (for reading only: the compiled source has no such text)."""
-    opts = None if key is None else seq._call_options(key, None)
+    opts = seq.call_options(key)
     src, ns = _generate(seq, layout_key(params, td, opts))
     names = sorted((k for k in ns if k[:1] == "K" and k[1:].isdigit()), key=lambda k: int(k[1:]))
     return src + "".join(f"# {k} = {ns[k]!r}\n" for k in names)
@@ -198,15 +202,17 @@ def _generate(seq: Any, layout: tuple) -> tuple[str, dict]:
     w = _Writer(layout)
     w.params(seq)
     drops = _early_drops(seq.modules, seq._drop) if w.early else None
-    for i, (_name, m, hp, rnd, idx, run) in enumerate(seq._steps):
+    for i, c in enumerate(seq._child_steps):
+        m = c.module
         w.ns[f"M{i}"] = m
-        p = f"p{i}" if hp else "None"
+        p = f"p{i}" if c.has_params else "None"
+        position = c.position if c.random else None
         desc = m.describe()
         if desc is not None and inlinable(desc):
-            if not w.inline(i, desc, p, idx if rnd else None):
+            if not w.inline(i, desc, p, position):
                 return "", {}  # a read nothing provides: the reference call raises
         else:
-            w.opaque(i, m, p, run, idx if rnd else None)
+            w.opaque(i, m, p, c.step, position)
         if drops is not None:
             w.drop_early(drops[i])
     return w.finish(seq)
@@ -255,10 +261,11 @@ class _Writer:
     def params(self, seq: Any) -> None:
         """The params preamble: give up (to the loop, which raises) on params with an
         entry no child owns, not a TensorDict, or lacking a child's entry."""
-        if seq._nparams < sys.maxsize:  # params with an entry no child owns: the loop raises
-            self.emit(f"if type(params) is TD and len(params._data) > {int(seq._nparams)}:")
+        n = seq._n_param_entries
+        if n is not None:  # params with an entry no child owns: the loop raises
+            self.emit(f"if type(params) is TD and len(params._data) > {int(n)}:")
             self.emit("    return None")
-        named = [(j, name) for j, (name, _, hp, *_) in enumerate(seq._steps) if hp]
+        named = [(j, c.name) for j, c in enumerate(seq._child_steps) if c.has_params]
         if named:
             self.emit("if type(params) is not TD:")
             self.emit("    return None")
@@ -356,7 +363,7 @@ class _Writer:
         for k in sorted(self.in_base - self.live):
             self.emit(f"del {name}[{self.c(k)}]")
 
-    def opaque(self, i: int, m: Any, p: str, run: Any, idx: int | None) -> None:
+    def opaque(self, i: int, m: Any, p: str, step: Any, idx: int | None) -> None:
         """Child ``i`` runs its own step on a dict equal to the loop's working dict."""
         self.working_dict("d")
         o = (
@@ -364,7 +371,7 @@ class _Writer:
             if idx is None
             else f"opts if key is None else opts.with_key(fold_in(key, {int(idx)}))"
         )
-        self.ns[f"R{i}"] = run  # the step the loop runs for this child
+        self.ns[f"R{i}"] = step  # the step the loop runs for this child
         self.emit(f"R{i}({p}, d, bs, {o})")
         self.emit("base = d")
         self.base_is_data = False

@@ -2,8 +2,8 @@
 interaction type and key.
 
 A sibling of ``fd.Sequential`` (both ``SequenceKind``s: one child loop, one plan
-generator) and of ``fd.Probabilistic`` (both share ``_Drawing``'s call, which puts
-the interaction type into the call options). It adds ``get_dist`` and
+generator) and of ``fd.Probabilistic`` (both ``ProbabilisticKind``s: the
+``interaction=`` option and ``num_samples``). It adds ``get_dist`` and
 ``log_prob``.
 
 Example:
@@ -21,22 +21,21 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 from torch import distributions as D
 
 from .. import _errors as E
 from .._td import Key, TensorDict
-from ._call import _NOPE, ModuleKind, Options, bad_td, get_path, options
+from ._call import _NOPE, ModuleKind, Options, bad_td, get_path
 from ._composite import CompositeDistribution
 from ._distributions import InteractionType
-from ._probabilistic import Probabilistic, _Drawing, _explicit
+from ._probabilistic import Probabilistic, ProbabilisticKind, _explicit
 from ._sequential import SequenceKind
 
 __all__ = ["ProbabilisticSequential"]
 
 
-class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
+class ProbabilisticSequential(ProbabilisticKind, SequenceKind):
     """A Sequential whose probabilistic heads draw under one interaction type and key.
 
     Modules compute the distribution parameters; each ``Probabilistic`` head writes
@@ -68,12 +67,15 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
         >>> lp = policy.log_prob(params, out)
     """
 
-    __slots__ = ("_heads", "_sample_dims", "return_composite")
+    __slots__ = ("_heads", "num_samples", "return_composite")
     _heads: Any
-    _sample_dims: Any
+    num_samples: Any  # the num_samples of its head (at most one sets it), or None
     return_composite: Any
     _FROZEN_HINT = "select_out_keys(...) and indexing return new ProbabilisticSequentials."
-    probabilistic = True
+    _NESTED_SAMPLES = (
+        "{label}: a head's num_samples adds leading sample dims to the whole tensordict; "
+        "call the ProbabilisticSequential itself, not through an outer module."
+    )
 
     def __init__(
         self,
@@ -105,17 +107,15 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
                 "call is the one-sample call vmapped over split keys)."
             )
         object.__setattr__(self, "return_composite", bool(return_composite))
-        object.__setattr__(self, "_sample_dims", ns[0] if ns else None)
+        object.__setattr__(self, "num_samples", ns[0] if ns else None)
         object.__setattr__(self, "_heads", heads)
-        if self._sample_dims is not None:
-            object.__setattr__(self, "_run", self._run_whole)
 
     def _identity(self) -> tuple:
         return (*super()._identity(), self.return_composite)
 
-    def _child_run(self, m: ModuleKind) -> Any:
-        # a head with num_samples draws once per sample: the call vmaps this loop (many)
-        return m._draw if isinstance(m, Probabilistic) and m.num_samples is not None else m._run
+    def child_step(self, m: ModuleKind) -> Any:
+        """A head draws (one sample: with ``num_samples`` the call vmaps the loop)."""
+        return m.draw if isinstance(m, Probabilistic) else m.run
 
     def _rebuild(self, modules: Any, selected: Any, names: Any) -> SequenceKind:
         return ProbabilisticSequential(
@@ -146,24 +146,10 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
         return self.modules[self._heads[-1]].default_interaction_type
 
     # ---------------------------------------------------------------- call
-    # __call__: _Drawing's
-    _PLANNED = True
-
-    def _call_options(self, key: Any, interaction: Any) -> Options | None:
-        return options(key, _explicit(interaction, self))
-
-    @property
-    def _one(self) -> Any:
-        """The step of one sample: Sequential's child loop."""
-        return self._stateful_step if self._stateful else self._step
-
-    def _run_whole(self, params: Any, data: dict, bs: torch.Size, opts: Any) -> None:
-        """The step of a ProbabilisticSequential with ``num_samples`` inside another module."""
-        raise ValueError(
-            f"{self._label()}: a head's num_samples adds leading sample dims to the whole "
-            "tensordict; call the ProbabilisticSequential itself, not through an outer "
-            "module."
-        )
+    # __call__: ModuleKind's; run, run_td, call_options: ProbabilisticKind's, whose
+    # run_td goes on to SequenceKind's (the plan) without num_samples
+    #: one draw of every head: the child loop
+    draw = SequenceKind.run
 
     def get_dist(
         self,
@@ -187,7 +173,7 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
             bad_td(self, params, td)
         data, bs = dict(td._data), td._batch_size
         if not self.return_composite and len(self._heads) == 1:
-            self._each_child(params, data, bs, opts, stop=self._heads[0])
+            self.run_children(params, data, bs, opts, stop=self._heads[0])
             return self.modules[self._heads[0]]._dist(data)
         dists: dict = {}
         stop = self._heads[-1] + 1
@@ -199,7 +185,7 @@ class ProbabilisticSequential(_Drawing, SequenceKind):  # type: ignore[misc]
             dists[i] = (m, m._dist(data), o)
             return _has_samples(m, data) or i == stop - 1
 
-        self._each_child(params, data, bs, opts, stop=stop, visit=visit)
+        self.run_children(params, data, bs, opts, stop=stop, visit=visit)
         if not self.return_composite:
             return list(dists.values())[-1][1]  # (the last head's)
         merged, lp_keys = {}, {}

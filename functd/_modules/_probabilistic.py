@@ -27,29 +27,16 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 from torch import distributions as D
 
 from .. import _errors as E
-from .._td import Key, TensorDict, is_dynamo_compiling
-from . import _plan
-from ._call import (
-    _NOPE,
-    ModuleKind,
-    Options,
-    bad_td,
-    call_td,
-    get_path,
-    missing_input,
-    options,
-    positional_call,
-)
-from ._call import (
-    apply_with_state as _apply_with_state,
-)
+from .._td import Key, TensorDict, from_parts
+from ._call import _NOPE, ModuleKind, Options, bad_td, get_path, missing_input, options
+from ._call import apply_with_state as _apply_with_state
 from ._composite import CompositeDistribution, many, sample_shape
 from ._distributions import (
     InteractionType,
@@ -74,56 +61,60 @@ def _explicit(interaction: Any, m: Any) -> InteractionType | None:
     return as_interaction(interaction, m._label())
 
 
-def _call_kw(interaction: Any) -> dict | None:
-    return None if interaction is None else {"interaction": interaction}
-
-
-class _Drawing:
-    """The call both probabilistic kinds share: ``m(params, td, key=None,
-    interaction=None)``. The interaction travels in the call options (only these
-    kinds read it); ``_sample_dims`` (a head's ``num_samples``) makes the call the
-    one-sample call ``_one`` vmapped over ``fd.random.split(key, n)``."""
-
-    if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
-        _label: Any
-        _one: Any
-        _sample_dims: Any
+class ProbabilisticKind(ModuleKind):
+    """What both probabilistic kinds share (``fd.Probabilistic``,
+    ``fd.ProbabilisticSequential``): the call option ``interaction=`` (it travels in
+    the call options; only these kinds read it) and ``num_samples``: the call is then
+    the one-sample step ``draw`` vmapped over ``fd.random.split(key, n)``, and ``run``
+    (the step inside another module) refuses, since the sample dims are the whole
+    td's. ``draw(params, data, batch_size, opts)`` is the step without that refusal."""
 
     __slots__ = ()
+    probabilistic = True
+    option_names = ("interaction",)
+    num_samples: tuple[int, ...] | None
+    #: why ``run`` refuses a kind with ``num_samples`` (formatted with its label)
+    _NESTED_SAMPLES: str
 
-    def __call__(
-        self,
-        params: TensorDict | None = None,
-        td: TensorDict | Tensor | None = None,
-        /,
-        *args: Tensor,
-        key: Any = None,
-        interaction: InteractionType | str | None = None,
-        **tensors: Tensor,
-    ) -> Any:  # a TensorDict for a td call; the out tensor(s) for a tensor call
-        """``m(params, td, key=None, interaction=None)`` -> new td with the value(s)
-        (and log-probs); with ``num_samples``: every output gets the sample dims."""
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors, _call_kw(interaction))
-        it = interaction
-        if it is not None and type(it) is not InteractionType:
-            it = as_interaction(it, self._label())
-        ns = self._sample_dims
-        if ns is not None and td is not None:  # (a keyword call comes back with a td)
-            if key is not None:
-                _check_key_arg(self._label(), key)
-            return many(
-                lambda k: call_td(self, params, td, k, tensors, self._one, options(k, it)), ns, key
-            )
-        opts = None if key is None and it is None else Options(key, it)
-        if self._PLANNED and type(td) is TensorDict and not tensors and not is_dynamo_compiling():
-            out = _plan.run(self, params, td, opts)
-            if out is not None:
-                return out
-        return call_td(self, params, td, key, tensors, self._one, opts, _call_kw(interaction))
+    def draw(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> Any:
+        """One draw of every head on the working dict (no sample dims)."""
+        raise NotImplementedError
 
-    #: whether the call runs the kind's straight-line plan (``_plan.py``) first
-    _PLANNED = False
+    def run(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> Any:
+        """The step inside another module: ``draw``; refused with ``num_samples``."""
+        if self.num_samples is not None:
+            raise ValueError(self._NESTED_SAMPLES.format(label=self._label()))
+        return self.draw(params, data, bs, opts)
+
+    def call_options(
+        self, key: Any = None, interaction: InteractionType | str | None = None
+    ) -> Options | None:
+        """The options of ``m(params, td, key=..., interaction=...)`` (checked)."""
+        if interaction is None:
+            return None if key is None else Options(key)
+        if type(interaction) is not InteractionType:
+            interaction = as_interaction(interaction, self._label())
+        return Options(key, interaction)
+
+    def run_td(self, params: Any, td: TensorDict, opts: Options | None) -> TensorDict:
+        """One call on ``td``; with ``num_samples``, ``draw`` vmapped over split keys
+        (every output gets the sample dims)."""
+        ns = self.num_samples
+        if ns is None:
+            return super().run_td(params, td, opts)
+        key = it = None
+        if opts is not None:
+            key, it = opts.key, opts.interaction
+        if key is not None:
+            _check_key_arg(self._label(), key)
+        bs = td._batch_size
+
+        def one(k: Any) -> TensorDict:
+            data = dict(td._data)
+            self.draw(params, data, bs, options(k, it))
+            return from_parts(data, bs)
+
+        return many(one, ns, key)
 
     def apply_with_state(
         self,
@@ -142,7 +133,7 @@ class _Drawing:
         Raises:
             ValueError: with ``num_samples`` (the call is vmapped over keys).
         """
-        if self._sample_dims is not None:
+        if self.num_samples is not None:
             raise ValueError(
                 f"{self._label()}.apply_with_state: num_samples vmaps the call over keys; "
                 "switch the model to eval mode (fd.nn.eval_mode) or drop num_samples."
@@ -150,7 +141,7 @@ class _Drawing:
         return _apply_with_state(self, params, td, Options(key, _explicit(interaction, self), True))
 
 
-class Probabilistic(_Drawing, ModuleKind):  # type: ignore[misc]
+class Probabilistic(ProbabilisticKind):
     """Build a distribution from td entries and write a value from it (no parameters).
 
     Args:
@@ -200,7 +191,6 @@ class Probabilistic(_Drawing, ModuleKind):  # type: ignore[misc]
         "_fn",
         "_names",
         "_normal",
-        "_run",
         "composite_lp_aggregate",
         "default_interaction_type",
         "distribution_class",
@@ -220,7 +210,6 @@ class Probabilistic(_Drawing, ModuleKind):  # type: ignore[misc]
     _fn: Any
     _names: Any
     _normal: Any
-    _run: Any
     composite_lp_aggregate: Any
     default_interaction_type: Any
     distribution_class: Any
@@ -283,8 +272,6 @@ class Probabilistic(_Drawing, ModuleKind):  # type: ignore[misc]
         )
         set_(self, "n_empirical_estimate", int(n_empirical_estimate))
         set_(self, "num_samples", sample_shape(num_samples, self._label()))
-        # the step a sequence runs: one draw, or (num_samples) the error of _step
-        set_(self, "_run", self._draw if self.num_samples is None else self._step)
         normal = None  # (loc key, scale key) of a plain Normal head: a faster path
         if distribution_class is D.Normal and not dkw and sorted(names) == ["loc", "scale"]:
             by_name = dict(zip(names, ins))
@@ -293,7 +280,11 @@ class Probabilistic(_Drawing, ModuleKind):  # type: ignore[misc]
         self._check_names()
 
     _FROZEN_HINT = "build a new Probabilistic."
-    probabilistic = True
+    _NESTED_SAMPLES = (
+        "{label}: num_samples adds leading sample dims to the whole tensordict, which a "
+        "plain fd.Sequential cannot do; call the head alone or put it in a "
+        "fd.ProbabilisticSequential."
+    )
 
     # ---------------------------------------------------------------- value
     @property
@@ -425,27 +416,11 @@ class Probabilistic(_Drawing, ModuleKind):  # type: ignore[misc]
         return dist.log_prob(x)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- call
-    # __call__: _Drawing's
-    @property
-    def _sample_dims(self) -> tuple[int, ...] | None:
-        return self.num_samples
-
-    @property
-    def _one(self) -> Any:
-        return self._draw
-
-    def _step(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> None:
-        if self.num_samples is not None:
-            raise ValueError(
-                f"{self._label()}: num_samples adds leading sample dims to the whole tensordict, "
-                "which a plain fd.Sequential cannot do; call the head alone or put it in a "
-                "fd.ProbabilisticSequential."
-            )
-        self._draw(params, data, bs, opts)
-
-    def _draw(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> None:
-        """One draw (the step without the ``num_samples`` check): the interaction of
-        ``opts``, else the context's (``fd.set_interaction_type``), else the default."""
+    # __call__: ModuleKind's; run, run_td and call_options: ProbabilisticKind's
+    def draw(self, params: Any, data: dict, bs: torch.Size, opts: Options | None) -> None:
+        """One draw on the working dict (the step without the ``num_samples`` check): the
+        interaction of ``opts``, else the context's (``fd.set_interaction_type``), else
+        the default."""
         it = key = None
         if opts is not None:
             it, key = opts.interaction, opts.key

@@ -15,29 +15,49 @@ Example:
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
 from .. import _errors as E
-from .._td import Key, TensorDict, from_parts, is_dynamo_compiling
+from .._td import Key, TensorDict, from_parts
 from ..random import fold_in
 from . import _plan
-from ._call import ModuleKind, Options, call_td, options, params_hint, positional_call
+from ._call import ModuleKind, Options, params_hint
 from ._keys import as_keys
 from ._plan import _early_drops
 
-__all__ = ["SequenceKind", "Sequential"]
+__all__ = ["Child", "HotStep", "SequenceKind", "Sequential"]
 
-_Tensor = torch.Tensor
+
+class Child(NamedTuple):
+    """One position of a sequence, as the child loop and the plan read it: the params
+    entry ``name``, the ``module``, its traits, its ``position`` (the key of a random
+    child is ``fold_in(key, position)``) and the ``step`` the sequence runs for it
+    (``SequenceKind.child_step``)."""
+
+    name: str
+    module: ModuleKind
+    has_params: bool
+    random: bool
+    position: int
+    step: Any
+
+
+class HotStep(NamedTuple):
+    """One position on the loop's hot path (default options, params given): the params
+    entry (None: the child has none), the step, the keys to delete after it."""
+
+    param_name: str | None
+    step: Any
+    drop_after: tuple[str, ...]
 
 
 def _flatten(modules: Sequence[Any]) -> list[ModuleKind]:
     flat: list = []
     for i, m in enumerate(modules):
-        spliced = m._splice() if isinstance(m, ModuleKind) else None
+        spliced = m.spliced_children() if isinstance(m, ModuleKind) else None
         if spliced is not None:
             flat.extend(c for _, c in spliced)
         elif isinstance(m, ModuleKind):
@@ -53,8 +73,11 @@ def _flatten(modules: Sequence[Any]) -> list[ModuleKind]:
 
 class SequenceKind(ModuleKind):
     """What every sequence kind shares (``fd.Sequential``, ``fd.ProbabilisticSequential``):
-    children run in turn on one working dict (the one child loop, ``_each_child``),
-    params nest by position, outputs may be selected.
+    children run in turn on one working dict (the one child loop, ``run_children``),
+    params nest by position, outputs may be selected. A td call runs the plan of the
+    td's layout (``run_td``: ``_plan.call``); ``child_step(m)`` is the step the
+    sequence runs for child ``m`` (its ``run``; a probabilistic sequence draws its
+    heads' one sample).
 
     Attributes:
         modules: the flattened tuple of modules.
@@ -68,33 +91,31 @@ class SequenceKind(ModuleKind):
 
     __slots__ = (
         "_all_out",
+        "_child_steps",
         "_drop",
-        "_nparams",
+        "_hot_steps",
+        "_n_param_entries",
         "_param_names",
-        "_plain",
         "_plan_mru",
         "_plans",
         "_random",
-        "_run",
         "_stateful",
-        "_steps",
         "in_keys",
         "modules",
         "names",
         "out_keys",
         "selected_out_keys",
     )
-    _all_out: Any
-    _drop: Any
-    _nparams: Any
-    _param_names: Any
-    _plain: Any
+    _all_out: tuple[Key, ...]
+    _child_steps: tuple[Child, ...]
+    _drop: tuple[Key, ...]
+    _hot_steps: tuple[HotStep, ...]
+    _n_param_entries: int | None  # the most params entries a call takes; None: unchecked
+    _param_names: frozenset[str] | None
     _plan_mru: Any
-    _plans: Any
-    _random: Any
-    _run: Any
-    _stateful: Any
-    _steps: Any
+    _plans: dict
+    _random: bool
+    _stateful: bool
     in_keys: Any
     modules: Any
     names: Any
@@ -140,39 +161,45 @@ class SequenceKind(ModuleKind):
             tuple(k for k in outs if sel is not None and k not in sel and k not in ins),
         )
         set_(self, "_random", any(m.random for m in flat))
-        runs = [self._child_run(m) for m in flat]
-        steps = tuple(
-            (n, m, m.has_params, m.random, int(n), r) for n, m, r in zip(names, flat, runs)
+        steps = [self.child_step(m) for m in flat]
+        set_(
+            self,
+            "_child_steps",
+            tuple(
+                Child(n, m, m.has_params, m.random, int(n), r)
+                for n, m, r in zip(names, flat, steps)
+            ),
         )
-        set_(self, "_steps", steps)
         early = _early_drops(flat, self._drop)
         set_(
             self,
-            "_plain",
+            "_hot_steps",
             tuple(
-                (n if m.has_params else None, r, d) for n, m, r, d in zip(names, flat, runs, early)
+                HotStep(n if m.has_params else None, r, d)
+                for n, m, r, d in zip(names, flat, steps, early)
             ),
         )
         set_(self, "_stateful", any(m.stateful for m in flat))
         set_(self, "_plans", {})  # layout -> straight-line plan (_plan.py), LRU-bounded
-        set_(self, "_plan_mru", _plan.NO_PLAN)  # the plan of the last call (_plan.run)
-        set_(self, "_run", self._stateful_step if self._stateful else self._step)
+        set_(self, "_plan_mru", _plan.NO_PLAN)  # the plan of the last call (_plan.call)
         # the params entries a call accepts: its own children's, or (a slice, given
         # `_names`) unchecked until _takes_params_of names the whole model's
         own = frozenset(n for n, m in zip(names, flat) if m.has_params)
-        set_(self, "_param_names", own if _names is None else None)
-        set_(self, "_nparams", len(own) if _names is None else sys.maxsize)
+        self._set_param_names(own if _names is None else None)
 
-    def _child_run(self, m: ModuleKind) -> Any:
-        """The step this sequence runs for child ``m`` (its ``_run``)."""
-        return m._run
+    def child_step(self, m: ModuleKind) -> Any:
+        """The step this sequence runs for child ``m``: its ``run``."""
+        return m.run
+
+    def _set_param_names(self, names: frozenset[str] | None) -> None:
+        """The params entries a call accepts (None: not checked)."""
+        object.__setattr__(self, "_param_names", names)
+        object.__setattr__(self, "_n_param_entries", None if names is None else len(names))
 
     def _takes_params_of(self, other: SequenceKind) -> SequenceKind:
         """Accept the params entries ``other`` accepts (a slice takes the whole
         model's params); returns ``self``."""
-        names = other._param_names
-        object.__setattr__(self, "_param_names", names)
-        object.__setattr__(self, "_nparams", sys.maxsize if names is None else len(names))
+        self._set_param_names(other._param_names)
         return self
 
     # ---------------------------------------------------------------- value
@@ -211,7 +238,8 @@ class SequenceKind(ModuleKind):
         new = self._rebuild(children, self.selected_out_keys, self.names)
         return new._takes_params_of(self)  # the same params entries are accepted
 
-    def _splice(self) -> tuple[tuple[str, ModuleKind], ...] | None:
+    def spliced_children(self) -> tuple[tuple[str, ModuleKind], ...] | None:
+        """A Sequential without a selection is spliced into the one that holds it."""
         return self.children() if self.selected_out_keys is None else None
 
     def __len__(self) -> int:
@@ -318,29 +346,9 @@ class SequenceKind(ModuleKind):
         return super().init(key, dtype=dtype, device=device)
 
     # ---------------------------------------------------------------- call
-    def __call__(
-        self,
-        params: TensorDict | None = None,
-        td: TensorDict | torch.Tensor | None = None,
-        /,
-        *args: torch.Tensor,
-        key: Any = None,
-        **tensors: torch.Tensor,
-    ) -> Any:  # a TensorDict for a td call; the out tensor(s) for a tensor call
-        """``seq(params, td)`` -> new td; ``seq(params, x=x)`` -> tensor(s) of ``out_keys``;
-        ``seq(params, x, h)``: tensors in ``in_keys`` order (positional dispatch)."""
-        if args or (td is not None and type(td) is not TensorDict and isinstance(td, _Tensor)):
-            return positional_call(self, params, (td, *args), key, tensors)
-        opts = None if key is None else Options(key)
-        if type(td) is TensorDict and not tensors and not is_dynamo_compiling():
-            out = _plan.run(self, params, td, opts)  # the plan of td's layout
-            if out is not None:
-                return out
-        return call_td(self, params, td, key, tensors, self._run, opts)
-
-    def _call_options(self, key: Any, interaction: Any) -> Options | None:
-        """The options of a call with these arguments (``_plan.reference``)."""
-        return options(key)
+    # __call__: ModuleKind's. A td call runs the plan of the td's layout, or the loop
+    # (``run``) under dynamo and where no plan serves: see functd/_modules/_plan.py.
+    run_td = _plan.call
 
     def apply_with_state(
         self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None
@@ -358,19 +366,7 @@ class SequenceKind(ModuleKind):
         """
         return super().apply_with_state(params, td, key=key)
 
-    def _stateful_step(
-        self, params: Any, data: dict, bs: torch.Size, opts: Options | None
-    ) -> TensorDict | None:
-        """``_step`` of a Sequential with a stateful child: only under ``apply_with_state``."""
-        if opts is None or not opts.collect:
-            name, m = next((n, m) for n, m in self.children() if m.stateful)
-            what = f"module {name} ({m._label()})"
-            raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what=what))
-        states = self._each_child(params, data, bs, opts)
-        self._drop_unselected(data)
-        return from_parts(states, torch.Size([]))
-
-    def _each_child(
+    def run_children(
         self,
         params: Any,
         data: dict,
@@ -386,14 +382,14 @@ class SequenceKind(ModuleKind):
         pdata = params._data if type(params) is TensorDict else None
         key = None if opts is None else opts.key
         states = {}
-        for i, (name, m, has_p, rnd, idx, run) in enumerate(self._steps):
+        for i, (name, m, has_p, rnd, position, step) in enumerate(self._child_steps):
             if i == stop:
                 break
             p = self._child_params(params, pdata, name, m) if has_p else None
-            o = opts.with_key(fold_in(key, idx)) if rnd and key is not None else opts  # type: ignore[union-attr]
+            o = opts.with_key(fold_in(key, position)) if rnd and key is not None else opts  # type: ignore[union-attr]
             if visit is not None and visit(i, m, data, o):
                 continue
-            s = run(p, data, bs, o)
+            s = step(p, data, bs, o)
             if s is not None:
                 states[name] = s
         return states
@@ -401,36 +397,48 @@ class SequenceKind(ModuleKind):
     def _label(self) -> str:
         return f"{type(self).__name__}({len(self.modules)} modules -> {E.fmt_keys(self.out_keys)})"
 
-    def _step(
+    def run(
         self, params: TensorDict | None, data: dict, bs: torch.Size, opts: Options | None
     ) -> TensorDict | None:
+        """The child loop on the working dict ``data``, then the unselected outputs
+        dropped; the children's new running statistics by name (``opts.collect``)."""
+        if self._stateful and (opts is None or not opts.collect):
+            self._state_dropped()
         pdata = params._data if type(params) is TensorDict else None
-        if pdata is not None and len(pdata) > self._nparams:
+        n = self._n_param_entries
+        if pdata is not None and n is not None and len(pdata) > n:
             self._extra_params(params)  # type: ignore[arg-type]
         if opts is None and pdata is not None:
             try:  # the hot path: default options, params given
-                for name, run, drop in self._plain:
-                    run(None if name is None else pdata[name], data, bs, None)
+                for name, step, drop in self._hot_steps:
+                    step(None if name is None else pdata[name], data, bs, None)
                     if drop:  # intermediates no later module reads: free them now
                         for k in drop:
                             del data[k]
             except KeyError:
-                for name, m, has_p, *_ in self._steps:
-                    if has_p and name not in pdata:
-                        self._bad_params(params, name, m)
+                for c in self._child_steps:
+                    if c.has_params and c.name not in pdata:
+                        self._bad_params(params, c.name, c.module)
                 raise
             self._drop_unselected(data)
             return None
-        states = self._each_child(params, data, bs, opts)
+        states = self.run_children(params, data, bs, opts)
         self._drop_unselected(data)
-        return from_parts(states, torch.Size([])) if states else None
+        return from_parts(states, torch.Size([])) if states or self._stateful else None
+
+    def _state_dropped(self):
+        """A plain call of a sequence with a stateful child: the error naming the child."""
+        name, m = next((n, m) for n, m in self.children() if m.stateful)
+        what = f"module {name} ({m._label()})"
+        raise RuntimeError(E.STATE_DROPPED.format(label=self._label(), what=what))
 
     def _child_params(self, params: Any, pdata: dict | None, name: str, m: Any) -> TensorDict:
         """The params of child ``name`` (which has some); a clear error when absent."""
         p = pdata.get(name) if pdata is not None else None
         if p is None:
             self._bad_params(params, name, m)
-        if len(pdata) > self._nparams:  # type: ignore[arg-type]
+        n = self._n_param_entries
+        if n is not None and len(pdata) > n:  # type: ignore[arg-type]
             self._extra_params(params)
         return p  # type: ignore[return-value]
 

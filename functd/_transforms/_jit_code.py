@@ -28,9 +28,10 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import optree
+import torch
 from torch import Tensor
 
 from .._td import TensorDict, alloc_uninit, set_batch_size_slot, set_data_slot, set_spec_slot
@@ -95,9 +96,21 @@ def _guard(c: _Code, tensors: list[Tensor]) -> str:
         return c.const("G", _PyCheck(tensors))
 
 
+class _Meta(NamedTuple):
+    """What ``_PyCheck`` compares of one tensor (besides ``requires_grad``, never set)."""
+
+    type: type
+    shape: torch.Size
+    dtype: torch.dtype
+    stride: tuple[int, ...]
+    device: torch.device
+
+
 class _PyCheck:
+    """``TensorGuards.check`` written in Python, for a torch without it."""
+
     def __init__(self, tensors: list[Tensor]) -> None:
-        self.metas = [(type(v), v.shape, v.dtype, v.stride(), v.device) for v in tensors]
+        self.metas = [_Meta(type(v), v.shape, v.dtype, v.stride(), v.device) for v in tensors]
 
     def __call__(self, *xs: Tensor) -> bool:
         for x, (ty, s, dt, st, dv) in zip(xs, self.metas):

@@ -256,7 +256,7 @@ def all_reduce(
 
 def _all_reduce(where, tree, op, group, bucket_cap_mb, check, given=None):
     """``all_reduce``; ``given``: the ``(leaves, treespec)`` of ``tree`` when the
-    caller has them (pmean: a TensorDict of plain tensors, already checked)."""
+    caller has them (mean_updates: a TensorDict of plain tensors, already checked)."""
     rop = _reduce_op(where, op)
     leaves, spec, g, world, _, buckets = _prepare(where, tree, group, check, bucket_cap_mb, given)
     _check_mean(where, op, leaves, buckets)

@@ -261,10 +261,10 @@ class Residual(ModuleKind):
         (body,) = children
         return Residual(body, *self.in_keys, *self.out_keys)
 
-    def _step(self, params, data, bs, opts):
+    def run(self, params, data, bs, opts):
         x = data[self.in_keys[0]]
         p = params["body"] if self.body.has_params else None
-        state = self.body._run(p, data, bs, opts)  # the child's step, same options
+        state = self.body.run(p, data, bs, opts)  # the child's step, same options
         y = self.out_keys[0]
         data[y] = data[y] + x
         return None if state is None else fd.TensorDict({"body": state}, [])
