@@ -399,7 +399,10 @@ def run(
     init, step = driver or make_driver(cfg, jit)
     runner = init(agent_keys(seed, agents), lrs)
     t0 = time.perf_counter()
-    step(runner)  # warm-up: compiles under --jit; the run below starts from the same runner
+    # warm-up: under --jit two signatures compile, the runner built eagerly and the
+    # runner the compiled update returns (its tensors' layouts differ); the run below
+    # starts from the same runner
+    step(step(runner)[0])
     compile_s = time.perf_counter() - t0
     history = []
     bar = _progress(cfg.num_updates, progress)
