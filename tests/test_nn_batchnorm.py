@@ -297,7 +297,7 @@ def test_modes_switch_batchnorm_dropout_and_functional_call():
     )
     ev = fnn.eval_mode(model)
     assert ev.modules[1].fn == fnn.BatchNorm1d(4, training=False)
-    assert ev.modules[2].fn == fnn.Dropout(0.5, inference=True) and not ev.random
+    assert ev.modules[2].fn == fnn.Dropout(0.5, training=False) and not ev.random
     assert ev.modules[3].fn.module.training is False
     assert model.modules[3].fn.module.training is True  # unchanged
     assert fnn.train_mode(ev).modules[:3] == model.modules[:3]

@@ -25,11 +25,12 @@ these methods, and only these:
   ``spliced_children()``: the children a Sequential splices in its place (a
   Sequential without a selection), or None;
 - ``describe()``: the ``_step.Step`` a Sequential's plan may write out, or None;
-- ``with_training(flag)``: its own mode switch (``fd.nn.eval_mode`` calls it);
-  the default rebuilds the children switched;
+- ``with_training(training)``: its own mode switch (``fd.nn.eval_mode`` calls it,
+  as it calls a layer's); the default rebuilds the children switched;
 - ``own_buffer_paths()``, ``own_held_paths()`` and ``torch_source()``: the
   running statistics, held-out params and torch module it holds itself
-  (``fd.nn.split_state``, ``fd.trainable``, ``fd.from_module``);
+  (``buffer_paths()`` adds the children's, for ``fd.nn.split_state``;
+  ``fd.trainable``, ``fd.from_module``);
 - traits: ``has_params``, ``random``, ``stateful`` (from the children by
   default), ``probabilistic`` (a class attribute: it draws from a distribution).
 
@@ -164,11 +165,11 @@ class ModuleKind(Frozen):
             raise TypeError(f"{self._label()} has no children to replace.")
         return self
 
-    def with_training(self, flag: bool) -> ModuleKind:
-        """The same module in training (``flag=True``) or eval mode; the default
-        switches the children."""
+    def with_training(self, training: bool) -> ModuleKind:
+        """The same module in training (``training=True``) or eval mode (``self`` when
+        unchanged); the default switches the children."""
         kids = self.children()
-        new = [c.with_training(flag) for _, c in kids]
+        new = [c.with_training(training) for _, c in kids]
         if all(a is b for a, (_, b) in zip(new, kids)):
             return self
         return self.with_children(new)
@@ -176,6 +177,16 @@ class ModuleKind(Frozen):
     def own_buffer_paths(self) -> tuple[Path, ...]:
         """Paths (in this kind's own params) of the running statistics it holds itself."""
         return ()
+
+    def buffer_paths(self) -> tuple[Path, ...]:
+        """Paths (in this module's params) of every running statistic: its own and its
+        children's, nested under their names (``fd.nn.buffer_paths`` calls it)."""
+        return self.own_buffer_paths() + tuple(
+            (name, *path)
+            for name, child in self.children()
+            if child.has_params
+            for path in child.buffer_paths()
+        )
 
     def own_held_paths(self) -> tuple[Path, ...]:
         """Paths (in this kind's own params) that torch would not train: its running

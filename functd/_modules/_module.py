@@ -31,7 +31,6 @@ from ._binding import Bound, held_paths
 from ._call import ModuleKind, Options, _empty_params, positional_call
 from ._keys import as_keys
 from ._sequential import Sequential
-from ._state import layer_with_training
 from ._step import Form, Step, run_step
 
 __all__ = ["Module", "as_keys", "positional_call"]
@@ -265,10 +264,10 @@ class Module(ModuleKind):
         return (self._fn, self.in_keys, self.out_keys, self._kwargs, self._out_all)
 
     # ---------------------------------------------------------------- protocol
-    def with_training(self, flag: bool) -> Module:
+    def with_training(self, training: bool) -> Module:
         """The same Module with its layer switched to training or eval mode (BatchNorm,
         Dropout, a torch module run through ``FunctionalCall``); ``self`` if unchanged."""
-        fn = layer_with_training(self._fn, flag) if _is_layer(self._fn) else self._fn
+        fn = self._fn.with_training(training) if _is_layer(self._fn) else self._fn
         if fn is self._fn:
             return self
         new = object.__new__(Module)

@@ -99,6 +99,13 @@ class Chain(Layer):
             for path in layer.buffer_paths()
         )
 
+    def with_training(self, training: bool) -> Chain:
+        """The Chain with every layer switched (``self`` when none changes)."""
+        layers = tuple(layer.with_training(training) for layer in self.layers)
+        if all(a is b for a, b in zip(layers, self.layers)):
+            return self
+        return dataclasses.replace(self, layers=layers)
+
     def _specs(self) -> dict[str, Any]:
         out = {}
         for name, layer in zip(self._names, self.layers):
