@@ -481,7 +481,9 @@ def test_dropout_under_vmap_and_grad():
 
 def test_chain_splits_key_among_random_layers():
     chain = fnn.Chain((fnn.Linear(3, 3), fnn.Dropout(0.5), fnn.ReLU(), fnn.Dropout(0.5)))
-    assert chain.random and not fnn.Chain((fnn.Linear(3, 3), fnn.Dropout(0.5, training=False))).random
+    assert (
+        chain.random and not fnn.Chain((fnn.Linear(3, 3), fnn.Dropout(0.5, training=False))).random
+    )
     p, x = chain.init(0), torch.randn(64, 3)
     with pytest.raises(ValueError, match="needs a PRNG key"):
         chain(p, x)

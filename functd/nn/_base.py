@@ -211,7 +211,7 @@ class Layer:
             Dropout(p=0.5, training=False)
         """
         fields = getattr(self, "__dataclass_fields__", ())
-        if "training" not in fields or getattr(self, "training") == training:
+        if "training" not in fields or self.training == training:  # type: ignore[attr-defined]
             return self
         return dataclasses.replace(self, training=training)  # type: ignore[type-var]
 
