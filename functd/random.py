@@ -54,7 +54,7 @@ from ._bits_to_numbers import (
     _unit,
     _urem,
 )
-from ._eager import plain_tensor as _inplace_ok  # the eager in-place fast path may run
+from ._eager import plain_tensor
 from ._erfinv import erfinv32, sqrt2_erfinv
 from ._threefry import (
     MASK32,
@@ -391,7 +391,7 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
     if dtype == torch.float32 and (z := _fused.normal32(key, shape)) is not None:
         return z
     u = _unit(key, shape, dtype)
-    if dtype == torch.float32 and _inplace_ok(u) and _inplace_ok(key):
+    if dtype == torch.float32 and plain_tensor(u) and plain_tensor(key):
         # eager fast path: the same float32 ops with constants as Python floats
         # (nextafter(-1, 0) and 1 - nextafter(-1, 0) == 2 are exact in float32)
         u.mul_(2.0).add_(_NEXT_M1).clamp_min_(_NEXT_M1)
@@ -426,7 +426,7 @@ def gumbel(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
             return u.log_().neg_().log_().neg_()
     tiny = torch.tensor(torch.finfo(dtype).tiny, dtype=dtype, device=key.device)
     u = _scaled(_unit(key, shape, dtype), tiny, torch.ones_like(tiny), exact=True)
-    return u.log_().neg_().log_().neg_() if _inplace_ok(u) else -torch.log(-torch.log(u))
+    return u.log_().neg_().log_().neg_() if plain_tensor(u) else -torch.log(-torch.log(u))
 
 
 def exponential(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -> Tensor:
@@ -449,7 +449,7 @@ def exponential(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float
         if u is not None:
             return u.log1p_().neg_()
     u = _unit(key, shape, dtype)
-    return u.neg_().log1p_().neg_() if _inplace_ok(u) else -torch.log1p(-u)
+    return u.neg_().log1p_().neg_() if plain_tensor(u) else -torch.log1p(-u)
 
 
 def truncated_normal(
