@@ -79,14 +79,6 @@ __all__ = ["ModuleKind", "Options", "call_forms", "positional_call"]
 
 _NOPE = object()
 _Tensor = torch.Tensor
-_EMPTY = None
-
-
-def _empty_params() -> TensorDict:
-    global _EMPTY
-    if _EMPTY is None:
-        _EMPTY = from_parts({}, torch.Size([]))
-    return _EMPTY
 
 
 class Options:

@@ -28,7 +28,7 @@ from .._td import Key, TensorDict, from_parts, plain_str
 from ..nn._base import Layer
 from ..nn._lower import FunctionalCall, lower
 from ._binding import Bound, held_paths
-from ._call import ModuleKind, Options, _empty_params, positional_call
+from ._call import ModuleKind, Options, positional_call
 from ._keys import as_keys
 from ._sequential import Sequential
 from ._step import Form, Step, run_step
@@ -374,7 +374,6 @@ def _describe(m: Module, fn: Any, source: Any, kwargs: tuple | None) -> Step:
         token = m._fn
     elif form is Form.LAYER:
         form = Form.EMPTY
-        _empty_params()  # made now: a lazy global first made under dynamo is a guard
     same = form is Form.PLAIN and len(m.in_keys) == 1 and _keeps_shape(fn)
     inline = getattr(fn, "plan_inline", None) if form is Form.LAYER and not key else None
     if inline is not None and (len(m.in_keys) != 1 or type(fn).__call__ is not inline.call):

@@ -43,8 +43,6 @@ __all__ = [
 # (key, feature shape, dtype) -> tensor of shape (*key.shape[:-1], *shape)
 Initializer = Callable[[Tensor, tuple[int, ...], torch.dtype], Tensor]
 
-EMPTY = TensorDict({}, [])  # the params of a parameter-free layer (shared, immutable)
-
 
 class ParamSpec(NamedTuple):
     """The shape of one parameter and how ``init`` draws it."""

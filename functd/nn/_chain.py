@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from torch import Size, Tensor
 
 from .. import random as fr
-from .._td import TensorDict, from_parts
-from ._base import EMPTY, Layer, as_key, set_derived
+from .._td import EMPTY, TensorDict, from_parts
+from ._base import Layer, as_key, set_derived
 
 __all__ = ["Chain"]
 
