@@ -43,6 +43,7 @@ def room(mod: str) -> str:
     parts = mod.split(".")
     if len(parts) == 2 and parts[1] in {
         "_errors",
+        "_frozen",
         "_eager",
         "_ambient",
         "_threefry",

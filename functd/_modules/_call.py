@@ -71,6 +71,7 @@ from typing import Any
 import torch
 
 from .. import _errors as E
+from .._frozen import Frozen
 from .._td import Key, TensorDict, from_parts
 from ..random import as_key, fold_in
 from ._keys import key_diff
@@ -110,28 +111,6 @@ def options(key: Any = None, interaction: Any = None, collect: bool = False) -> 
     if key is None and interaction is None and not collect:
         return None
     return Options(key, interaction, collect)
-
-
-class Frozen:
-    """Value semantics for frozen classes: equal and hashed by ``(type, _identity())``;
-    any attribute assignment raises ``FrozenError`` (with the class's ``_FROZEN_HINT``)."""
-
-    __slots__ = ()
-    _FROZEN_HINT = "build a new one instead."
-
-    def _identity(self) -> tuple:
-        raise NotImplementedError
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._identity() == other._identity()
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, self._identity()))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise E.FrozenError(
-            f"{type(self).__name__} is immutable: cannot set {name!r}; {self._FROZEN_HINT}"
-        )
 
 
 Path = tuple[str, ...]
