@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import optree
@@ -47,7 +47,7 @@ def is_dim(d: Any) -> bool:
     return d is None or (isinstance(d, int) and not isinstance(d, bool))
 
 
-def in_leaves(name: str, args: tuple, in_dims: Any) -> tuple[list, tuple, Any]:
+def in_leaves(name: str, args: Any, in_dims: Any) -> tuple[list, Sequence, Any]:
     """``(leaves, dims, treespec)`` of ``args``: optree's leaves (namespace functd, None
     a leaf), one in_dim per leaf, and the treespec that puts them back."""
     dims = _top_dims(name, args, in_dims)
@@ -59,11 +59,12 @@ def in_leaves(name: str, args: tuple, in_dims: Any) -> tuple[list, tuple, Any]:
             "input must be mapped (an int in_dims for a tensor or TensorDict argument)."
         )
     _check_sizes(name, mapped)
+    leaves: list
     leaves, spec = optree.tree_flatten(args, none_is_leaf=True, namespace=NAMESPACE)
     return leaves, _broadcast(pre, args, spec), spec
 
 
-def _top_dims(name: str, args: tuple, in_dims: Any) -> Any:
+def _top_dims(name: str, args: Any, in_dims: Any) -> Any:
     if is_dim(in_dims):
         return in_dims
     if isinstance(in_dims, tuple | list):
@@ -81,7 +82,7 @@ def _top_dims(name: str, args: tuple, in_dims: Any) -> Any:
     )
 
 
-def _broadcast(pre: Any, args: tuple, spec: Any) -> tuple:
+def _broadcast(pre: Any, args: Any, spec: Any) -> tuple:
     """One dim per leaf: ``pre`` broadcast over ``args`` (cached by the structures)."""
     if pre is None or type(pre) is int:  # one dim for every leaf
         return (pre,) * spec.num_leaves

@@ -1,10 +1,11 @@
 """``fd.vmap``: ``torch.func.vmap`` that knows TensorDicts.
 
-The transform is thin: split the arguments into tensor leaves and structure,
-give every leaf its own in_dim (from an ``in_dims`` prefix tree that may name
-TensorDict entries), check that the mapping keeps every TensorDict valid (and
-name the path when it does not), call ``torch.func.vmap`` on a function of the
-flat leaves, and put the mapped dim of each output where ``out_dims`` asks.
+The transform is thin: split the arguments into leaves and structure (optree,
+functd's namespace) and give every leaf its own in_dim from an ``in_dims`` prefix
+tree that may name TensorDict entries, checking that the mapping keeps every
+TensorDict valid and naming the path when it does not (``_in_dims.py``); call
+``torch.func.vmap`` on a function of the flat leaves; put the mapped dim of each
+output where ``out_dims`` asks.
 
 Example:
     >>> ens = fd.stack([block.init(k) for k in fd.random.split(fd.random.key(0), 4)])
@@ -15,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -238,9 +239,6 @@ def vmap(
         >>> out = fd.vmap(block, in_dims=(0, 0))(ens, td_per_member)
     """
     name = _name(f)
-    torch_out = _zeroed(out_dims, name)
-    moved = not (_is_dim(out_dims) and out_dims == 0)
-    mixed = _mixed(out_dims)
     if axis_name is not None:
         _axes.check_name(axis_name, f"fd.vmap({name})")
         if chunk_size is not None:
@@ -248,9 +246,21 @@ def vmap(
                 f"fd.vmap({name}): axis_name={axis_name!r} needs all elements at once, so "
                 "chunk_size cannot be given with it; drop chunk_size."
             )
+    mapped = _mapped(f, name, in_dims, out_dims, randomness, chunk_size, axis_name)
+    return functools.wraps(f)(mapped)
 
-    @functools.wraps(f)
+
+def _mapped(f, name, in_dims, out_dims, randomness, chunk_size, axis_name) -> Callable:
+    """The function ``fd.vmap`` returns (before ``functools.wraps``): per call, the leaves
+    and their dims (``in_leaves``), ``torch.func.vmap`` of a function of the leaves, and
+    the mapped dims moved to ``out_dims``."""
+    torch_out = _zeroed(out_dims, name)
+    moved = not (_is_dim(out_dims) and out_dims == 0)
+    mixed = _mixed(out_dims)
+
     def mapped(*args: Any, **kwargs: Any) -> Any:
+        flat: Sequence
+        dims: Sequence
         flat, dims, spec = in_leaves(name, args, in_dims)
 
         converted: set = set()
