@@ -1,4 +1,4 @@
-"""The calling protocol every module kind implements, and the frozen base they share.
+"""The calling protocol every module kind implements (their frozen base: ``functd._frozen``).
 
 A module kind (``fd.Module``, ``fd.Sequential``, ``fd.Probabilistic``,
 ``fd.ProbabilisticSequential``, or one of your own) is a frozen, hashable value
