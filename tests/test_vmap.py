@@ -421,3 +421,30 @@ def test_vmap_with_nested_in_dims_and_none_leaves():
     torch.testing.assert_close(out, expect)
     with pytest.raises(ValueError, match="mapped differently"):
         fd.vmap(f, in_dims=({"p": 0, "q": None}, None))(td, data)
+
+
+def test_in_dims_broadcast_is_cached_by_structure_and_bounded():
+    """The per-leaf dims come from optree's prefix broadcasting, cached by the (prefix,
+    treespec) pair; the cache keeps at most MAX_CACHED structures and a dropped one is
+    computed again."""
+    from functd._transforms import _in_dims
+
+    _in_dims._CACHE.clear()
+    x = torch.randn(4, 3)
+    n = _in_dims.MAX_CACHED + 5
+    boxes = [
+        fd.TensorDict({"a": fd.TensorDict({"x": x}, [4]), f"k{i}": torch.ones(2)}, [])
+        for i in range(n)
+    ]
+    for i, box in enumerate(boxes + boxes[:2]):  # the first two were dropped: again
+        out = fd.vmap(
+            lambda b, k=f"k{i % n}": b["a"]["x"].sum() * b[k].sum(),
+            in_dims=({"a": 0, f"k{i % n}": None},),
+        )(box)
+        torch.testing.assert_close(out, x.sum(-1) * 2)
+        assert len(_in_dims._CACHE) <= _in_dims.MAX_CACHED
+    f = fd.vmap(lambda b: b["a"]["x"], in_dims=({"a": 0, "k0": None},))
+    f(boxes[0])
+    size = len(_in_dims._CACHE)
+    f(boxes[0])  # the same structure: a hit
+    assert len(_in_dims._CACHE) == size
