@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from . import _fused
-from ._eager import plain_tensor as _inplace_ok  # the eager in-place fast path may run
+from ._eager import plain_tensor
 from ._threefry import random_bits
 
 _MIN32, _MAX32 = -(2**31), 2**31 - 1
@@ -42,7 +42,7 @@ def _unit(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
             return out
     if nbits == 32:
         b = random_bits(key, 32, shape)
-        if _inplace_ok(b):
+        if plain_tensor(b):
             b.bitwise_right_shift_(9).bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)
             return b.view(torch.float32).sub_(1.0)
         b = ((b >> 9) & 0x7FFFFF) | 0x3F800000
@@ -61,7 +61,7 @@ def _scaled(u: Tensor, lo: Tensor, hi: Tensor, exact: bool = False) -> Tensor:
     via float64. It does not fuse 16-bit floats; float64 may differ by 1-2 ulp.
     """
     scale = hi - lo
-    if exact and lo.ndim == 0 and _inplace_ok(u) and _inplace_ok(lo):
+    if exact and lo.ndim == 0 and plain_tensor(u) and plain_tensor(lo):
         return u.mul_(scale).add_(lo).clamp_min_(lo)
     if exact or u.dtype != torch.float32:
         return torch.maximum(lo, u * scale + lo)

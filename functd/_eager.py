@@ -5,6 +5,10 @@ Eager fast paths (torch's ``_foreach_*`` ops, in-place work on fresh buffers,
 tensors outside ``torch.compile``: not on the wrappers of ``torch.func``'s
 ``vmap``/``grad`` levels (no batching rule for the foreach ops; a grad level
 must see the ops), and not while dynamo traces (it compiles the general path).
+This file is the one owner of that test: the optimizers' list ops and RNNs
+(``plain``), the PRNG's in-place paths (``plain_tensor``) and the fused PRNG
+kernel (``_fused._serves``: a plain CPU key, or one under vmap levels only) all
+ask it.
 
 Example:
     >>> plain([torch.zeros(2)]), plain_tensor(torch.zeros(2))
@@ -20,22 +24,24 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-__all__ = ["plain", "plain_tensor"]
+__all__ = ["is_wrapped", "plain", "plain_tensor"]
 
-_is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+#: ``is_wrapped(t)``: whether ``t`` is a ``torch.func`` wrapper (None on a torch without
+#: the hook: then nothing is plain)
+is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
 
 
 def plain(tensors: Iterable[Tensor]) -> bool:
     """True when not compiling and no tensor of ``tensors`` is a ``torch.func`` wrapper."""
-    if torch.compiler.is_compiling() or _is_wrapped is None:
+    if torch.compiler.is_compiling() or is_wrapped is None:
         return False
-    return not any(map(_is_wrapped, tensors))
+    return not any(map(is_wrapped, tensors))
 
 
 def plain_tensor(t: Tensor) -> bool:
     """``plain([t])`` for one tensor that must also be exactly a ``torch.Tensor`` (no
     subclass such as Parameter): the test of the in-place PRNG path, called per op,
     so written out (one call) rather than through ``plain``."""
-    if torch.compiler.is_compiling() or _is_wrapped is None:
+    if torch.compiler.is_compiling() or is_wrapped is None:
         return False
-    return type(t) is Tensor and not _is_wrapped(t)
+    return type(t) is Tensor and not is_wrapped(t)

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._eager import plain_tensor as _inplace_ok  # x is a fresh buffer of ours
+from ._eager import plain_tensor
 
 __all__ = ["erfinv32", "sqrt2_erfinv"]
 
@@ -45,7 +45,7 @@ def erfinv32(x: Tensor) -> Tensor:
 
     torch.erfinv is more accurate in the tails, where XLA's is up to ~90 ulp off.
     """
-    ip = _inplace_ok(x)  # x is a fresh buffer of ours
+    ip = plain_tensor(x)  # x is a fresh buffer of ours
     w = torch.mul(x, x).neg_().log1p_().neg_() if ip else -torch.log1p(x * -x)
     lt, edge = w < 5.0, torch.isinf(w)  # edge: |x| == 1
     wg = torch.sqrt(w) - 3.0
@@ -69,4 +69,4 @@ def sqrt2_erfinv(u: Tensor, dtype: torch.dtype) -> Tensor:
     if dtype == torch.float64:
         return torch.erfinv(u) * sqrt2
     z = erfinv32(u.float()).to(dtype)
-    return z.mul_(sqrt2) if _inplace_ok(z) else z * sqrt2
+    return z.mul_(sqrt2) if plain_tensor(z) else z * sqrt2

@@ -16,8 +16,10 @@ __all__ = [
 ]
 
 
-class FrozenError(TypeError):
-    """Raised on an attempt to mutate a frozen TensorDict or module."""
+class FrozenError(TypeError, AttributeError):
+    """Raised on an attempt to mutate a frozen TensorDict, module or other frozen value:
+    a TypeError (mutation is refused) and an AttributeError (as a frozen dataclass's
+    ``FrozenInstanceError``)."""
 
 
 class InplaceError(AttributeError, TypeError):

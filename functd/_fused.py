@@ -33,6 +33,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from ._eager import is_wrapped, plain_tensor
+
 # The kernel's modes: the values of the enum of _fused_ext.c, one by one (a test reads
 # the C enum and compares). A call passes ``mode | threads << 8``. Plain ints: a module
 # global is read ~4x faster than an enum member, and a draw reads one per call.
@@ -55,7 +57,6 @@ _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
 _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
 
 _F = torch._C._functorch
-_is_wrapped = getattr(_F, "is_functorch_wrapped_tensor", None)
 _is_batched = getattr(_F, "is_batchedtensor", None)
 _dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
 _transforms = getattr(_F, "peek_interpreter_stack", None)
@@ -63,7 +64,7 @@ _stack = getattr(_F, "get_interpreter_stack", None)
 _function_mode = torch._C._is_torch_function_mode_enabled
 _tracing = torch._C._get_tracing_state
 _VMAP = getattr(getattr(_F, "TransformType", None), "Vmap", None)
-_HOOKS = None not in (_is_wrapped, _is_batched, _dispatch_modes, _transforms, _stack, _VMAP)
+_HOOKS = None not in (is_wrapped, _is_batched, _dispatch_modes, _transforms, _stack, _VMAP)
 _VMAP_HOOKS = all(  # what _lift/_wrap/_under_vmap use; else vmapped draws take the pure ops
     hasattr(_F, name)
     for name in (
@@ -133,9 +134,9 @@ PURE, EAGER, UNDER_VMAP = 0, 1, 2
 
 def _serves(key: Tensor) -> int:
     """``PURE``, ``EAGER`` or ``UNDER_VMAP``: how a draw from ``key`` may be served."""
+    plain = plain_tensor(key)  # (False under dynamo, which then sees nothing else here)
     if (
-        torch.compiler.is_compiling()  # first: dynamo must see nothing else here
-        or type(key) is not Tensor
+        (not plain and (torch.compiler.is_compiling() or type(key) is not Tensor))
         or not key.is_cpu
         or not _HOOKS
         or _dispatch_modes()
@@ -143,8 +144,8 @@ def _serves(key: Tensor) -> int:
         or _tracing() is not None
     ):
         return PURE
-    if _transforms() is None:  # no torch.func level
-        return PURE if _is_wrapped(key) else EAGER
+    if _transforms() is None:  # no torch.func level: only a plain key
+        return EAGER if plain else PURE
     return UNDER_VMAP if _VMAP_HOOKS and _vmap_only() else PURE
 
 
@@ -171,7 +172,7 @@ def _lift(tensors: tuple[Tensor, ...]):
             level = _F.maybe_get_level(t)
             t, bdim = _F._unwrap_batched(t, level)
             bdims.append((level, bdim))
-        if _is_wrapped(t):
+        if is_wrapped(t):
             return None
         phys = list(range(t.ndim))
         for level, bdim in reversed(bdims):  # the lowest level wraps the plain tensor
@@ -278,7 +279,7 @@ def fold(key: Tensor, data: Tensor) -> Tensor | None:
         return None
     if how == UNDER_VMAP:
         return _under_vmap(_fold, (key, data), fn)
-    return None if _is_wrapped(data) else _fold(key, data, fn)
+    return _fold(key, data, fn) if plain_tensor(data) else None
 
 
 def _fold(key: Tensor, data: Tensor, fn, nlev: int = 0) -> Tensor:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from . import _fused
-from ._eager import plain_tensor as _inplace_ok  # the eager in-place fast path may run
+from ._eager import plain_tensor
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -40,7 +40,7 @@ def threefry2x32(
     """Hash int32 counters ``(x0, x1)`` (None: 0) under ``(k0, k1)``; ``fresh``: x1 is ours."""
     ks = (k0, k1, k0 ^ k1 ^ _PARITY)
     inject = [(ks[(i + 1) % 3], ks[(i + 2) % 3] + (i + 1)) for i in range(5)]
-    if not (_inplace_ok(x1) and _inplace_ok(k0) and _inplace_ok(k1)):
+    if not (plain_tensor(x1) and plain_tensor(k0) and plain_tensor(k1)):
         x0, x1 = k0 if x0 is None else x0 + k0, x1 + k1
         for i in range(5):
             for r in _ROTATIONS[i % 2]:
@@ -72,9 +72,9 @@ _SMALL = 16
 
 
 def hash_small_ok(key: Tensor, n: int) -> bool:
-    # _inplace_ok first: under torch.compile it is False, and the size test must not
+    # plain_tensor first: under torch.compile it is False, and the size test must not
     # run there (it would guard on a dynamic size: a recompile per batch size)
-    return _inplace_ok(key) and key.device.type == "cpu" and n * (key.numel() // 2) <= _SMALL
+    return plain_tensor(key) and key.device.type == "cpu" and n * (key.numel() // 2) <= _SMALL
 
 
 def _threefry_py(k0: int, k1: int, x1: int) -> tuple[int, int]:
@@ -131,5 +131,5 @@ def random_bits(key: Tensor, nbits: int, shape: tuple[int, ...]) -> Tensor:
     b0, b1 = hash_counters(key, shape)
     if nbits == 64:
         return (b0.to(torch.int64) << 32) | (b1.to(torch.int64) & MASK32)
-    out = b0.bitwise_xor_(b1) if _inplace_ok(b0) else b0 ^ b1
+    out = b0.bitwise_xor_(b1) if plain_tensor(b0) else b0 ^ b1
     return out if nbits == 32 else out.to(torch.int64) & ((1 << nbits) - 1)

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from . import random as fr
 from ._checkpoint import Checkpoints, run_fingerprint
+from ._frozen import Frozen
 from ._td import TensorDict, from_parts
 from ._td._shape import cat, stack
 from ._transforms._autodiff import loss_and_grad
@@ -62,7 +63,7 @@ def _metrics(where: str, loss: Tensor, aux: Any) -> TensorDict:
     return TensorDict(entries, [])
 
 
-class TrainStep:
+class TrainStep(Frozen):
     """One pure training step, ``(params, opt_state, batch, key) -> (params, opt_state,
     metrics)``: a frozen value made by :func:`train_step`.
 
@@ -95,21 +96,14 @@ class TrainStep:
         ):
             object.__setattr__(self, field, value)
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(
+    def _frozen_message(self, name: str) -> str:
+        return (
             f"{self._where} is a frozen value: build another step with "
             f"fd.train_step(loss_fn, optimizer) instead of setting {name!r}."
         )
 
-    def __eq__(self, other: object) -> bool:
-        return (
-            type(other) is TrainStep
-            and other.loss_fn == self.loss_fn
-            and other.optimizer == self.optimizer
-        )
-
-    def __hash__(self) -> int:
-        return hash((TrainStep, self.loss_fn, self.optimizer))
+    def _identity(self) -> tuple:
+        return (self.loss_fn, self.optimizer)
 
     def __repr__(self) -> str:
         return f"TrainStep({self.loss_fn!r}, {self.optimizer!r})"

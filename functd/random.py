@@ -36,7 +36,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Size, Tensor
@@ -53,7 +54,7 @@ from ._bits_to_numbers import (
     _unit,
     _urem,
 )
-from ._eager import plain_tensor as _inplace_ok  # the eager in-place fast path may run
+from ._eager import plain_tensor
 from ._erfinv import erfinv32, sqrt2_erfinv
 from ._threefry import (
     MASK32,
@@ -85,15 +86,54 @@ _INTS = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 # -- validation ---------------------------------------------------------------
 
 
-def _check_key(fn: str, key: Tensor) -> Tensor:
-    if type(key) is Tensor and key.dtype is torch.int32 and key.ndim and key.shape[-1] == 2:
+_I32 = torch.int32
+
+
+def check_key(fn: str | Callable[[], str], key: Any, one: bool = False) -> Tensor:
+    """``key`` as an int32 PRNG key (a uint32 one is viewed as int32), or a TypeError /
+    ValueError that says how to make one: the one test of "is this a key" (every
+    sampler here and the probabilistic modules call it on every draw, so the common
+    case is one line).
+
+    Args:
+        fn: the caller's name for the message, or a function returning it (called
+            only to raise).
+        key: the value to check: shape ``(..., 2)``, or exactly ``(2,)`` with ``one``.
+        one: a single key only (a probabilistic module's draw takes one key).
+
+    Example:
+        >>> check_key("split", key(0))
+        tensor([0, 0], dtype=torch.int32)
+    """
+    if (
+        type(key) is Tensor
+        and key.dtype is _I32
+        and (key.ndim == 1 if one else key.ndim)
+        and key.shape[-1] == 2
+    ):
         return key  # the common case, fast
-    fix = "make keys with functd.random.key(seed), split or fold_in"
+    return _bad_key(fn, key, one)
+
+
+def _bad_key(fn: str | Callable[[], str], key: Any, one: bool) -> Tensor:
+    name = fn if isinstance(fn, str) else fn()
+    shape = "(2,)" if one else "(..., 2)"
     if not isinstance(key, Tensor) or key.dtype not in (torch.int32, torch.uint32):
-        what = key.dtype if isinstance(key, Tensor) else type(key).__name__
-        raise TypeError(f"{fn}: `key` must be an int32 (or uint32) tensor, got {what}; {fix}.")
+        what = f"dtype {key.dtype}" if isinstance(key, Tensor) else type(key).__name__
+        raise TypeError(
+            f"{name}: `key` must be a functd.random key (an int32 or uint32 tensor of shape "
+            f"{shape}), got {what}; make keys with functd.random.key(seed), split or fold_in."
+        )
+    if one and tuple(key.shape) != (2,):
+        raise ValueError(
+            f"{name}: `key` must be one key of shape (2,), got shape {tuple(key.shape)}. For "
+            "a batch of keys map over them: fd.vmap(lambda k: m(params, td, key=k))(keys)."
+        )
     if key.ndim == 0 or key.shape[-1] != 2:
-        raise ValueError(f"{fn}: `key` must have shape (..., 2), got {tuple(key.shape)}; {fix}.")
+        raise ValueError(
+            f"{name}: `key` must have shape (..., 2), got {tuple(key.shape)}; make keys with "
+            "functd.random.key(seed), split or fold_in."
+        )
     return key.view(torch.int32) if key.dtype == torch.uint32 else key
 
 
@@ -141,7 +181,7 @@ def _is_int(t: Tensor) -> bool:
 
 
 def _prologue(fn: str, key: Tensor, shape: Shape, dtype: torch.dtype):
-    key = _check_key(fn, key)
+    key = check_key(fn, key)
     _check_float(fn, dtype)
     return key, _check_shape(fn, shape)
 
@@ -216,7 +256,7 @@ def split(key: Tensor, num: int = 2) -> Tensor:
     Example:
         >>> k1, k2 = split(key(0))
     """
-    key = _check_key("split", key)
+    key = check_key("split", key)
     if type(num) is int and num >= 0:
         shape = (num,)  # the common case, fast
     elif isinstance(num, int) and not isinstance(num, bool) and num < 0:
@@ -240,7 +280,7 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
     Example:
         >>> step_key = fold_in(key(0), 7)
     """
-    key = _check_key("fold_in", key)
+    key = check_key("fold_in", key)
     if isinstance(data, Tensor):
         if not _is_int(data):
             raise TypeError(f"fold_in: `data` must be an integer tensor, got dtype {data.dtype}.")
@@ -276,7 +316,7 @@ def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Te
     Example:
         >>> b = bits(key(0), (2,), torch.uint32)
     """
-    key, shape = _check_key("bits", key), _check_shape("bits", shape)
+    key, shape = check_key("bits", key), _check_shape("bits", shape)
     if dtype not in _BITS:
         raise TypeError(f"bits: `dtype` must be an 8/16/32/64-bit integer dtype, got {dtype}.")
     width, signed = _BITS[dtype]
@@ -351,7 +391,7 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
     if dtype == torch.float32 and (z := _fused.normal32(key, shape)) is not None:
         return z
     u = _unit(key, shape, dtype)
-    if dtype == torch.float32 and _inplace_ok(u) and _inplace_ok(key):
+    if dtype == torch.float32 and plain_tensor(u) and plain_tensor(key):
         # eager fast path: the same float32 ops with constants as Python floats
         # (nextafter(-1, 0) and 1 - nextafter(-1, 0) == 2 are exact in float32)
         u.mul_(2.0).add_(_NEXT_M1).clamp_min_(_NEXT_M1)
@@ -386,7 +426,7 @@ def gumbel(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
             return u.log_().neg_().log_().neg_()
     tiny = torch.tensor(torch.finfo(dtype).tiny, dtype=dtype, device=key.device)
     u = _scaled(_unit(key, shape, dtype), tiny, torch.ones_like(tiny), exact=True)
-    return u.log_().neg_().log_().neg_() if _inplace_ok(u) else -torch.log(-torch.log(u))
+    return u.log_().neg_().log_().neg_() if plain_tensor(u) else -torch.log(-torch.log(u))
 
 
 def exponential(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -> Tensor:
@@ -409,7 +449,7 @@ def exponential(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float
         if u is not None:
             return u.log1p_().neg_()
     u = _unit(key, shape, dtype)
-    return u.neg_().log1p_().neg_() if _inplace_ok(u) else -torch.log1p(-u)
+    return u.neg_().log1p_().neg_() if plain_tensor(u) else -torch.log1p(-u)
 
 
 def truncated_normal(
@@ -435,7 +475,7 @@ def truncated_normal(
     Example:
         >>> t = truncated_normal(key(0), -2.0, 2.0, (4,))
     """
-    key = _check_key("truncated_normal", key)
+    key = check_key("truncated_normal", key)
     _check_float("truncated_normal", dtype)
     lo = _param("truncated_normal", "lower", lower, dtype, key.device)
     hi = _param("truncated_normal", "upper", upper, dtype, key.device)
@@ -464,7 +504,7 @@ def bernoulli(key: Tensor, p: float | Tensor = 0.5, shape: Shape | None = None) 
     Example:
         >>> coin = bernoulli(key(0), 0.5, (10,))
     """
-    key = _check_key("bernoulli", key)
+    key = check_key("bernoulli", key)
     if isinstance(p, Tensor):
         p = p.to(key.device)
     elif isinstance(p, bool) or not isinstance(p, (int, float)):
@@ -493,7 +533,7 @@ def categorical(key: Tensor, logits: Tensor, axis: int = -1, shape: Shape | None
     Example:
         >>> idx = categorical(key(0), torch.tensor([0.0, 1.0, 2.0]), shape=(8,))
     """
-    key = _check_key("categorical", key)
+    key = check_key("categorical", key)
     if not isinstance(logits, Tensor) or logits.ndim == 0:
         raise TypeError("categorical: `logits` must be a floating tensor with at least one dim.")
     _check_float("categorical", logits.dtype, "the dtype of `logits`")
@@ -549,7 +589,7 @@ def randint(
     Example:
         >>> dice = randint(key(0), (10,), 1, 7)
     """
-    key, shape = _check_key("randint", key), _check_shape("randint", shape)
+    key, shape = check_key("randint", key), _check_shape("randint", shape)
     if dtype not in _INTS:
         raise TypeError(f"randint: `dtype` must be one of {_INTS}, got {dtype}.")
     lo, hi = _int_param("minval", minval, key.device), _int_param("maxval", maxval, key.device)
@@ -608,7 +648,7 @@ def permutation(
         >>> sorted(permutation(key(0), 5).tolist())
         [0, 1, 2, 3, 4]
     """
-    key = _check_key("permutation", key)
+    key = check_key("permutation", key)
     if isinstance(x_or_n, Tensor) and x_or_n.ndim > 0:
         x = x_or_n.to(key.device)
     elif isinstance(x_or_n, (Tensor, bool)) or not isinstance(x_or_n, int):

@@ -442,7 +442,7 @@ def test_param_free_layers_have_empty_params():
 def test_dropout_requires_key():
     drop = fnn.Dropout(0.3)
     assert drop.random
-    with pytest.raises(ValueError, match=r"key=fd\.random\.key\(0\).*inference=True"):
+    with pytest.raises(ValueError, match=r"key=fd\.random\.key\(0\).*training=False"):
         drop(drop.init(0), torch.ones(3))
 
 
@@ -457,16 +457,16 @@ def test_dropout_masks():
     assert torch.equal(drop(TensorDict(), x, key=7), drop(TensorDict(), x, key=fr.key(7)))
 
 
-def test_dropout_inference_and_edge_probabilities():
+def test_dropout_eval_mode_and_edge_probabilities():
     x = torch.randn(5)
-    inf = fnn.Dropout(0.5, inference=True)
+    inf = fnn.Dropout(0.5, training=False)
     assert not inf.random and inf(TensorDict(), x) is x
     assert fnn.Dropout(0.0)(TensorDict(), x) is x
     assert torch.equal(fnn.Dropout(1.0)(TensorDict(), x, key=fr.key(0)), torch.zeros(5))
     with pytest.raises(ValueError, match="between 0 and 1"):
         fnn.Dropout(1.5)
-    assert fnn.lower(nn.Dropout(0.2)) == fnn.Dropout(0.2, inference=False)
-    assert fnn.lower(nn.Dropout(0.2).eval()) == fnn.Dropout(0.2, inference=True)
+    assert fnn.lower(nn.Dropout(0.2)) == fnn.Dropout(0.2, training=True)
+    assert fnn.lower(nn.Dropout(0.2).eval()) == fnn.Dropout(0.2, training=False)
 
 
 def test_dropout_under_vmap_and_grad():
@@ -481,7 +481,9 @@ def test_dropout_under_vmap_and_grad():
 
 def test_chain_splits_key_among_random_layers():
     chain = fnn.Chain((fnn.Linear(3, 3), fnn.Dropout(0.5), fnn.ReLU(), fnn.Dropout(0.5)))
-    assert chain.random and not fnn.Chain((fnn.Linear(3, 3), fnn.Dropout(0.5, True))).random
+    assert (
+        chain.random and not fnn.Chain((fnn.Linear(3, 3), fnn.Dropout(0.5, training=False))).random
+    )
     p, x = chain.init(0), torch.randn(64, 3)
     with pytest.raises(ValueError, match="needs a PRNG key"):
         chain(p, x)

@@ -4,6 +4,7 @@ step against ``torch.nn.BatchNorm1d/2d`` trained with ``torch.optim.SGD``."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -297,13 +298,44 @@ def test_modes_switch_batchnorm_dropout_and_functional_call():
     )
     ev = fnn.eval_mode(model)
     assert ev.modules[1].fn == fnn.BatchNorm1d(4, training=False)
-    assert ev.modules[2].fn == fnn.Dropout(0.5, inference=True) and not ev.random
+    assert ev.modules[2].fn == fnn.Dropout(0.5, training=False) and not ev.random
     assert ev.modules[3].fn.module.training is False
     assert model.modules[3].fn.module.training is True  # unchanged
     assert fnn.train_mode(ev).modules[:3] == model.modules[:3]
     assert fnn.eval_mode(ev) == ev
     assert_close(fd.from_module(ev), fd.from_module(model))  # still reads the torch weights
     assert fnn.eval_mode(fnn.BatchNorm2d(3)) == fnn.BatchNorm2d(3, training=False)
+
+
+def test_one_mode_switch_one_field_on_every_layer_and_kind():
+    """Every layer and module kind answers ``with_training`` itself (``fd.nn.eval_mode``
+    only asks); a layer's mode is its ``training`` field, whatever the layer."""
+    from functd.nn._state import HasMode
+
+    moded = [
+        fnn.Dropout(0.5),
+        fnn.BatchNorm1d(3),
+        fnn.GRU(3, 4, num_layers=2, dropout=0.1),
+        fnn.MultiheadAttention(8, 2, dropout=0.1, training=True),
+    ]
+    for layer in moded:
+        ev = layer.with_training(False)
+        assert ev.training is False and ev == dataclasses.replace(layer, training=False)
+        assert ev.with_training(False) is ev and layer.with_training(True) is layer
+        assert fnn.eval_mode(layer) == ev and fnn.train_mode(ev) == layer
+    lin = fnn.Linear(3, 4)  # no mode: itself
+    assert lin.with_training(False) is lin and fnn.eval_mode(lin) is lin
+    chain = fnn.Chain((lin, fnn.Dropout(0.5)))
+    assert chain.with_training(False).layers == (lin, fnn.Dropout(0.5, training=False))
+    m = fd.Module(fnn.Dropout(0.5), ["x"], ["y"])
+    for obj in (*moded, lin, chain, m, fd.Sequential(m)):
+        assert isinstance(obj, HasMode)
+    assert not isinstance(nn.Dropout(0.5), HasMode)
+    assert fd.Sequential(m).with_training(False).modules[0].fn == fnn.Dropout(0.5, training=False)
+    with pytest.raises(TypeError):  # `training` is keyword-only: no silent flip of Dropout(p, True)
+        fnn.Dropout(0.5, True)
+    with pytest.raises(TypeError, match=r"buffer_paths\(module\): expected a module"):
+        fnn.buffer_paths(fnn.BatchNorm1d)  # the class, not a layer
 
 
 def test_plain_call_in_training_mode_is_an_error_not_a_silent_drop():

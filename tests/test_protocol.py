@@ -53,6 +53,36 @@ def test_user_kind_is_a_module_kind_and_not_a_module():
         res.body = None
 
 
+def test_frozen_values_share_one_base():
+    """Module kinds, optim.Partial, fd.trainable's filter and fd.train_step's step are
+    one kind of value (``functd/_frozen.py``): equal and hashed by what they hold;
+    setting or deleting a field raises FrozenError, a TypeError and an AttributeError."""
+    from functd._errors import FrozenError
+    from functd._frozen import Frozen
+
+    lin, opt = nn.Linear(3, 4), fd.optim.sgd(0.1)
+
+    def loss(p, b, k):
+        return p["weight"].sum()
+
+    def values():
+        model = fd.Module(lin, ["x"], ["y"])
+        return [
+            model,
+            fd.optim.Partial(pow, exp=2),
+            fd.trainable(model),
+            fd.train_step(loss, opt),
+        ]
+
+    for v, w in zip(values(), values()):
+        assert isinstance(v, Frozen) and v is not w and v == w and hash(v) == hash(w)
+        for attempt in (setattr, delattr):
+            with pytest.raises(FrozenError) as info:
+                attempt(v, "x", 1) if attempt is setattr else attempt(v, "x")
+            assert isinstance(info.value, TypeError) and isinstance(info.value, AttributeError)
+    assert fd.optim.Partial(pow, exp=2) != fd.optim.Partial(pow, exp=3)
+
+
 def test_user_kind_trains_and_evaluates_like_torch():
     net = _torch_body()
     res = Residual(_fd_body(net))

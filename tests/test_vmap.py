@@ -1,5 +1,6 @@
 """fd.vmap: per-entry in_dims/out_dims over TensorDicts, batch sizes, errors, and its
-one-walk flatten of the arguments against torch.utils._pytree's."""
+flatten of the arguments (optree's, with the in_dims broadcast) against
+torch.utils._pytree's."""
 
 import collections
 import inspect
@@ -11,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import functd as fd
-from functd._transforms._vmap import _walk
+from functd._transforms._in_dims import in_leaves
 from functd.testing import assert_close, tensordicts
 
 
@@ -367,8 +368,9 @@ def test_none_arguments_are_leaves_that_are_never_mapped():
     torch.testing.assert_close(out2, td["x"] + 1)
 
 
-# ------------------------------------------------------------------ the one-walk flatten
-# fd.vmap flattens its arguments in one walk: the spec and leaves torch.utils._pytree gives
+# ------------------------------------------------------------------ the flatten
+# fd.vmap flattens its arguments with optree: the leaves and structure torch.utils._pytree
+# gives, each leaf with its in_dim
 NT = collections.namedtuple("NT", "a b")
 
 
@@ -392,12 +394,16 @@ def trees():
 
 
 @given(trees())
-def test_one_walk_spec_and_leaves_equal_torch_pytree(tree):
-    found = []
-    spec = _walk("f", (tree,), None, (), found)
+def test_in_leaves_equal_torch_pytree_and_map_every_tensor(tree):
     leaves, ref = torch_pytree.tree_flatten((tree,))
-    assert spec == ref
-    assert len(found) == len(leaves) and all(a is b.value for a, b in zip(leaves, found))
+    if not any(isinstance(x, torch.Tensor) for x in leaves):
+        with pytest.raises(ValueError, match="maps no tensor"):
+            in_leaves("f", (tree,), 0)
+        return
+    flat, dims, spec = in_leaves("f", (tree,), 0)
+    assert len(flat) == len(leaves) and all(a is b for a, b in zip(flat, leaves))
+    assert dims == tuple(None if x is None else 0 for x in leaves)
+    assert torch_pytree.tree_structure(spec.unflatten(flat)) == ref
 
 
 def test_vmap_with_nested_in_dims_and_none_leaves():
@@ -415,3 +421,30 @@ def test_vmap_with_nested_in_dims_and_none_leaves():
     torch.testing.assert_close(out, expect)
     with pytest.raises(ValueError, match="mapped differently"):
         fd.vmap(f, in_dims=({"p": 0, "q": None}, None))(td, data)
+
+
+def test_in_dims_broadcast_is_cached_by_structure_and_bounded():
+    """The per-leaf dims come from optree's prefix broadcasting, cached by the (prefix,
+    treespec) pair; the cache keeps at most MAX_CACHED structures and a dropped one is
+    computed again."""
+    from functd._transforms import _in_dims
+
+    _in_dims._CACHE.clear()
+    x = torch.randn(4, 3)
+    n = _in_dims.MAX_CACHED + 5
+    boxes = [
+        fd.TensorDict({"a": fd.TensorDict({"x": x}, [4]), f"k{i}": torch.ones(2)}, [])
+        for i in range(n)
+    ]
+    for i, box in enumerate(boxes + boxes[:2]):  # the first two were dropped: again
+        out = fd.vmap(
+            lambda b, k=f"k{i % n}": b["a"]["x"].sum() * b[k].sum(),
+            in_dims=({"a": 0, f"k{i % n}": None},),
+        )(box)
+        torch.testing.assert_close(out, x.sum(-1) * 2)
+        assert len(_in_dims._CACHE) <= _in_dims.MAX_CACHED
+    f = fd.vmap(lambda b: b["a"]["x"], in_dims=({"a": 0, "k0": None},))
+    f(boxes[0])
+    size = len(_in_dims._CACHE)
+    f(boxes[0])  # the same structure: a hit
+    assert len(_in_dims._CACHE) == size

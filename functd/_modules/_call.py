@@ -1,4 +1,4 @@
-"""The calling protocol every module kind implements, and the frozen base they share.
+"""The calling protocol every module kind implements (their frozen base: ``functd._frozen``).
 
 A module kind (``fd.Module``, ``fd.Sequential``, ``fd.Probabilistic``,
 ``fd.ProbabilisticSequential``, or one of your own) is a frozen, hashable value
@@ -25,11 +25,12 @@ these methods, and only these:
   ``spliced_children()``: the children a Sequential splices in its place (a
   Sequential without a selection), or None;
 - ``describe()``: the ``_step.Step`` a Sequential's plan may write out, or None;
-- ``with_training(flag)``: its own mode switch (``fd.nn.eval_mode`` calls it);
-  the default rebuilds the children switched;
+- ``with_training(training)``: its own mode switch (``fd.nn.eval_mode`` calls it,
+  as it calls a layer's); the default rebuilds the children switched;
 - ``own_buffer_paths()``, ``own_held_paths()`` and ``torch_source()``: the
   running statistics, held-out params and torch module it holds itself
-  (``fd.nn.split_state``, ``fd.trainable``, ``fd.from_module``);
+  (``buffer_paths()`` adds the children's, for ``fd.nn.split_state``;
+  ``fd.trainable``, ``fd.from_module``);
 - traits: ``has_params``, ``random``, ``stateful`` (from the children by
   default), ``probabilistic`` (a class attribute: it draws from a distribution).
 
@@ -70,6 +71,7 @@ from typing import Any
 import torch
 
 from .. import _errors as E
+from .._frozen import Frozen
 from .._td import Key, TensorDict, from_parts
 from ..random import as_key, fold_in
 from ._keys import key_diff
@@ -78,14 +80,6 @@ __all__ = ["ModuleKind", "Options", "call_forms", "positional_call"]
 
 _NOPE = object()
 _Tensor = torch.Tensor
-_EMPTY = None
-
-
-def _empty_params() -> TensorDict:
-    global _EMPTY
-    if _EMPTY is None:
-        _EMPTY = from_parts({}, torch.Size([]))
-    return _EMPTY
 
 
 class Options:
@@ -119,28 +113,6 @@ def options(key: Any = None, interaction: Any = None, collect: bool = False) -> 
     return Options(key, interaction, collect)
 
 
-class Frozen:
-    """Value semantics for frozen classes: equal and hashed by ``(type, _identity())``;
-    any attribute assignment raises ``FrozenError`` (with the class's ``_FROZEN_HINT``)."""
-
-    __slots__ = ()
-    _FROZEN_HINT = "build a new one instead."
-
-    def _identity(self) -> tuple:
-        raise NotImplementedError
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and self._identity() == other._identity()
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, self._identity()))
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise E.FrozenError(
-            f"{type(self).__name__} is immutable: cannot set {name!r}; {self._FROZEN_HINT}"
-        )
-
-
 Path = tuple[str, ...]
 
 
@@ -164,11 +136,11 @@ class ModuleKind(Frozen):
             raise TypeError(f"{self._label()} has no children to replace.")
         return self
 
-    def with_training(self, flag: bool) -> ModuleKind:
-        """The same module in training (``flag=True``) or eval mode; the default
-        switches the children."""
+    def with_training(self, training: bool) -> ModuleKind:
+        """The same module in training (``training=True``) or eval mode (``self`` when
+        unchanged); the default switches the children."""
         kids = self.children()
-        new = [c.with_training(flag) for _, c in kids]
+        new = [c.with_training(training) for _, c in kids]
         if all(a is b for a, (_, b) in zip(new, kids)):
             return self
         return self.with_children(new)
@@ -176,6 +148,16 @@ class ModuleKind(Frozen):
     def own_buffer_paths(self) -> tuple[Path, ...]:
         """Paths (in this kind's own params) of the running statistics it holds itself."""
         return ()
+
+    def buffer_paths(self) -> tuple[Path, ...]:
+        """Paths (in this module's params) of every running statistic: its own and its
+        children's, nested under their names (``fd.nn.buffer_paths`` calls it)."""
+        return self.own_buffer_paths() + tuple(
+            (name, *path)
+            for name, child in self.children()
+            if child.has_params
+            for path in child.buffer_paths()
+        )
 
     def own_held_paths(self) -> tuple[Path, ...]:
         """Paths (in this kind's own params) that torch would not train: its running

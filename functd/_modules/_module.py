@@ -28,10 +28,9 @@ from .._td import Key, TensorDict, from_parts, plain_str
 from ..nn._base import Layer
 from ..nn._lower import FunctionalCall, lower
 from ._binding import Bound, held_paths
-from ._call import ModuleKind, Options, _empty_params, positional_call
+from ._call import ModuleKind, Options, positional_call
 from ._keys import as_keys
 from ._sequential import Sequential
-from ._state import layer_with_training
 from ._step import Form, Step, run_step
 
 __all__ = ["Module", "as_keys", "positional_call"]
@@ -265,10 +264,10 @@ class Module(ModuleKind):
         return (self._fn, self.in_keys, self.out_keys, self._kwargs, self._out_all)
 
     # ---------------------------------------------------------------- protocol
-    def with_training(self, flag: bool) -> Module:
+    def with_training(self, training: bool) -> Module:
         """The same Module with its layer switched to training or eval mode (BatchNorm,
         Dropout, a torch module run through ``FunctionalCall``); ``self`` if unchanged."""
-        fn = layer_with_training(self._fn, flag) if _is_layer(self._fn) else self._fn
+        fn = self._fn.with_training(training) if _is_layer(self._fn) else self._fn
         if fn is self._fn:
             return self
         new = object.__new__(Module)
@@ -375,7 +374,6 @@ def _describe(m: Module, fn: Any, source: Any, kwargs: tuple | None) -> Step:
         token = m._fn
     elif form is Form.LAYER:
         form = Form.EMPTY
-        _empty_params()  # made now: a lazy global first made under dynamo is a guard
     same = form is Form.PLAIN and len(m.in_keys) == 1 and _keeps_shape(fn)
     inline = getattr(fn, "plan_inline", None) if form is Form.LAYER and not key else None
     if inline is not None and (len(m.in_keys) != 1 or type(fn).__call__ is not inline.call):

@@ -51,6 +51,7 @@ from typing import Any, cast
 import torch
 
 from .._td import (
+    EMPTY,
     TensorDict,
     alloc_uninit,
     is_dynamo_compiling,
@@ -61,7 +62,7 @@ from .._td import (
 )
 from .._td._marks import mark
 from ..random import fold_in
-from ._call import ModuleKind, _empty_params, bad_params
+from ._call import ModuleKind, bad_params
 from ._outputs import _write_outputs
 from ._params_check import _check_params
 from ._step import Form, Step, inlinable
@@ -321,7 +322,7 @@ class _Writer:
             kws = ", ".join(f"{self.c(a)}: {v}" for a, v in zip(s.names, args))  # type: ignore[arg-type]
             return f"{f}(**{{{kws}}})"
         if s.form is Form.EMPTY:
-            self.ns["_empty"] = _empty_params()
+            self.ns["_empty"] = EMPTY
             p = "_empty"
         if s.inline is not None:  # the layer's call written out (nn._base.Inline)
             self.ns.update(s.inline.names)

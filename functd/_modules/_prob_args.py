@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch import Tensor
 
 from .. import _errors as E
 from .._td import Key, TensorDict
@@ -42,20 +41,6 @@ def _freeze(v: Any) -> Any:
         if isinstance(v, dict):
             return tuple((k, _freeze(x)) for k, x in v.items())
         return ("<id>", id(v))
-
-
-def _check_key_arg(label: str, key: Any) -> None:
-    if not isinstance(key, Tensor) or key.dtype not in (torch.int32, torch.uint32):
-        what = f"dtype {key.dtype}" if isinstance(key, Tensor) else type(key).__name__
-        raise TypeError(
-            f"{label}: `key` must be a functd.random key (an int32 tensor of shape (2,)), got "
-            f"{what}; make one with fd.random.key(seed)."
-        )
-    if tuple(key.shape) != (2,):
-        raise ValueError(
-            f"{label}: `key` must be one key of shape (2,), got shape {tuple(key.shape)}. For "
-            "a batch of keys map over them: torch.func.vmap(lambda k: m(params, td, key=k))(keys)."
-        )
 
 
 def composite_sample_keys(dkw: Mapping[str, Any], out_keys: Any) -> tuple[Key, ...]:

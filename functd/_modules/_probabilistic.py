@@ -35,6 +35,7 @@ from torch import distributions as D
 
 from .. import _errors as E
 from .._td import Key, TensorDict, from_parts
+from ..random import check_key
 from ._call import _NOPE, ModuleKind, Options, bad_td, get_path, missing_input, options
 from ._call import apply_with_state as _apply_with_state
 from ._composite import CompositeDistribution, many, sample_shape
@@ -47,7 +48,7 @@ from ._distributions import (
     value,
 )
 from ._outputs import _write
-from ._prob_args import _check_key_arg, _freeze, parse_head, write_composite
+from ._prob_args import _freeze, parse_head, write_composite
 from ._sequential import Sequential
 
 __all__ = ["CompositeDistribution", "Probabilistic"]
@@ -106,7 +107,7 @@ class ProbabilisticKind(ModuleKind):
         if opts is not None:
             key, it = opts.key, opts.interaction
         if key is not None:
-            _check_key_arg(self._label(), key)
+            key = check_key(self._label, key, one=True)
         bs = td._batch_size
 
         def one(k: Any) -> TensorDict:
@@ -436,8 +437,7 @@ class Probabilistic(ProbabilisticKind):
                     "key: call m(params, td, key=fd.random.key(0)) (split a fresh key per "
                     "step), or use InteractionType.DETERMINISTIC."
                 )
-            if not isinstance(key, Tensor) or key.shape != (2,) or key.dtype != torch.int32:
-                _check_key_arg(self._label(), key)
+            key = check_key(self._label, key, True)
         if (
             self._normal is not None
             and it is not InteractionType.MEDIAN  # (torch's Normal has no median)

@@ -26,9 +26,9 @@ from typing import Any, NamedTuple
 import torch
 
 from .. import _errors as E
-from .._td import Key, TensorDict
+from .._td import EMPTY, Key, TensorDict
 from ._binding import raise_held
-from ._call import _NOPE, _empty_params, bad_params, get_path, missing_input
+from ._call import _NOPE, bad_params, get_path, missing_input
 from ._outputs import _write_outputs
 from ._params_check import placed_inputs
 
@@ -97,7 +97,7 @@ def call(s: Step, p: Any, args: Any, key: Any) -> Any:
     if form is Form.KEYWORDS:
         return s.fn(**dict(zip(s.names, args)))  # type: ignore[arg-type]
     if form is Form.EMPTY:
-        p = _empty_params()
+        p = EMPTY
     return s.fn(p, *args, key=key) if s.key else s.fn(p, *args)
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from .._frozen import Frozen
 from .._td import TensorDict
 from ._call import ModuleKind
 
@@ -29,7 +30,7 @@ __all__ = ["Trainable", "trainable"]
 Path = tuple[str, ...]
 
 
-class Trainable:
+class Trainable(Frozen):
     """A filter ``(path, leaf) -> bool`` for ``fd.partition``: true for floating leaves
     whose path is not held out (a buffer or a frozen parameter).
 
@@ -50,14 +51,8 @@ class Trainable:
             and path not in self.held
         )
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError("Trainable is immutable.")
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Trainable and other.held == self.held
-
-    def __hash__(self) -> int:
-        return hash(self.held)
+    def _identity(self) -> tuple:
+        return (self.held,)
 
     def __repr__(self) -> str:
         return f"Trainable(held={sorted(self.held)!r})"

@@ -11,6 +11,7 @@ Example:
 
 from ._key import key_path as key_path
 from ._key import plain_str as plain_str
+from ._tensordict import EMPTY as EMPTY
 from ._tensordict import Key as Key
 from ._tensordict import TensorDict as TensorDict
 from ._tensordict import alloc_uninit as alloc_uninit

@@ -521,6 +521,10 @@ def from_parts(data: dict, batch_size: torch.Size) -> TensorDict:
 # class only through the TensorDicts they are given (and know one by this attribute).
 TensorDict._from_parts = staticmethod(from_parts)  # type: ignore[attr-defined]
 
+#: The empty TensorDict (batch size ``[]``): the params of every parameter-free layer
+#: and module, shared (made at import, so no lazy global is first made under dynamo).
+EMPTY = from_parts({}, torch.Size([]))
+
 
 def _check_value(path: tuple, value: Any, bs: torch.Size, device) -> Any:
     n = len(bs)

@@ -94,7 +94,10 @@ class _Spec:
 
 
 def spec_of(td: TensorDict) -> _Spec:
-    """The static part of ``td`` (its keys, ranks...), computed once and cached on ``td``."""
+    """The static part of ``td`` (its keys, ranks...), computed once and cached on ``td``.
+
+    Its ``keys`` are the leaf order (sorted keys): the one place that says it; both
+    registries, ``flat_leaves``, ``fd.vmap`` and the Jacobians walk ``spec.keys``."""
     spec = td._spec
     if spec is None:
         data = td._data

@@ -29,7 +29,7 @@ from .._eager import plain
 from .._td import TensorDict, from_parts
 from .._td._marks import keep_marks
 from .._td._tensordict import is_dynamo_compiling
-from .._td._tree import flat_leaves, tree, unflatten_like
+from .._td._tree import flat_leaves, spec_of, tree, unflatten_like
 from ._paths import fmt_path
 
 __all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "value_and_grad", "vjp"]
@@ -352,7 +352,7 @@ def _rebuild(template: Any, leaves: Any, prefix: torch.Size, where: str) -> Any:
     each TensorDict gets the batch size ``[*prefix, *its batch size]``."""
     if isinstance(template, TensorDict):
         built = {}
-        for k in sorted(template._data):
+        for k in spec_of(template).keys:  # the leaf order (sorted keys)
             v = _rebuild(template._data[k], leaves, prefix, where)
             if not isinstance(v, torch.Tensor | TensorDict):
                 raise TypeError(

@@ -27,7 +27,7 @@ Example:
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -251,7 +251,9 @@ def axis_size(axis_name: str) -> int:
     return _find(axis_name, "fd.axis_size").size
 
 
-def named_call(axis_name: str, flat_f: Any, flat: list, dims: list) -> tuple[Any, list, list]:
+def named_call(
+    axis_name: str, flat_f: Any, flat: Sequence, dims: Sequence
+) -> tuple[Any, list, list]:
     """``fd.vmap(axis_name=...)``'s hook: the function, leaves and in_dims to give
     ``torch.func.vmap`` so that ``flat_f`` runs with the named axis in scope (one more
     leaf, the marker ``arange(n)`` mapped over dim 0)."""

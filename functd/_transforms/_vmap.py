@@ -1,10 +1,11 @@
 """``fd.vmap``: ``torch.func.vmap`` that knows TensorDicts.
 
-The transform is thin: split the arguments into tensor leaves and structure,
-give every leaf its own in_dim (from an ``in_dims`` prefix tree that may name
-TensorDict entries), check that the mapping keeps every TensorDict valid (and
-name the path when it does not), call ``torch.func.vmap`` on a function of the
-flat leaves, and put the mapped dim of each output where ``out_dims`` asks.
+The transform is thin: split the arguments into leaves and structure (optree,
+functd's namespace) and give every leaf its own in_dim from an ``in_dims`` prefix
+tree that may name TensorDict entries, checking that the mapping keeps every
+TensorDict valid and naming the path when it does not (``_in_dims.py``); call
+``torch.func.vmap`` on a function of the flat leaves; put the mapped dim of each
+output where ``out_dims`` asks.
 
 Example:
     >>> ens = fd.stack([block.init(k) for k in fd.random.split(fd.random.key(0), 4)])
@@ -15,15 +16,15 @@ Example:
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
-import torch.utils._pytree as torch_pytree
 
 from .._td import TensorDict, from_parts
-from .._td._tree import spec_of
 from . import _axes
+from ._in_dims import in_leaves
+from ._in_dims import is_dim as _is_dim
 from ._paths import fmt_path
 
 __all__ = ["vmap"]
@@ -52,218 +53,6 @@ RANDOM = (
 
 class TransformError(RuntimeError):
     """A torch.func error rewritten by functd (what failed and what to use instead)."""
-
-
-class _Leaf:
-    """One tensor (or other leaf) of the arguments, with its path and in_dim."""
-
-    __slots__ = ("dim", "path", "value")
-    dim: Any
-    path: Any
-    value: Any
-
-    def __init__(self, path: tuple, value: Any, dim: int | None) -> None:
-        self.path, self.value, self.dim = path, value, dim
-
-
-def _is_dim(d: Any) -> bool:
-    return d is None or (isinstance(d, int) and not isinstance(d, bool))
-
-
-def _dim_type_error(name: str, where: str, path: tuple, dims: Any, value: Any) -> TypeError:
-    what = type(value).__name__
-    return TypeError(
-        f"fd.vmap({name}): {where} at {fmt_path(path)} is {dims!r} but the input there is a "
-        f"{what}; give an int (the dim to map), None (not mapped), or, for a TensorDict or "
-        "dict, a dict with the same keys (e.g. {'params': 0, 'td': None})."
-    )
-
-
-def _mapping_dims(name: str, path: tuple, dims: Any, keys: Any, what: str) -> Mapping:
-    if isinstance(dims, TensorDict):
-        dims = dims._data
-    got, want = set(dims), set(keys)
-    if got != want:
-        raise ValueError(
-            f"fd.vmap({name}): in_dims at {fmt_path(path)} does not match the {what} there: "
-            f"in_dims has keys {sorted(got, key=str)} but the input has "
-            f"{sorted(want, key=str)} (missing {sorted(want - got, key=str)}, unexpected "
-            f"{sorted(got - want, key=str)}). Give one entry per key, or one int/None for all."
-        )
-    return dims
-
-
-_LEAF = torch_pytree.treespec_leaf()
-_Spec = torch_pytree.TreeSpec
-
-
-def _walk(name: str, value: Any, dims: Any, path: tuple, out: list) -> Any:
-    """Append a _Leaf per leaf of ``value`` (in torch's pytree order) with its in_dim, and
-    return the subtree's torch TreeSpec: one walk pairs dims with leaves and builds the
-    spec (the same spec ``torch.utils._pytree.tree_flatten`` gives)."""
-    if isinstance(value, TensorDict):
-        start = len(out)
-        data = value._data
-        keys = sorted(data)
-        if dims is not None and type(dims) is not int and isinstance(dims, Mapping | TensorDict):
-            dims = _mapping_dims(name, path, dims, data, "TensorDict")
-            children = [_walk(name, data[k], dims[k], (*path, k), out) for k in keys]
-        elif _is_dim(dims):
-            if dims is not None and dims < 0:  # counts from the last batch dim
-                nb = len(value._batch_size)
-                if dims + nb < 0:
-                    _raise_not_batch(name, path, value, dims)
-                dims = dims + nb
-            children = [_walk(name, data[k], dims, (*path, k), out) for k in keys]
-        else:
-            raise _dim_type_error(name, "in_dims", path, dims, value)
-        _check_td(name, path, value, out[start:])
-        return _Spec(TensorDict, value._spec or spec_of(value), children)
-    if isinstance(value, torch.Tensor):
-        if not (dims is None or type(dims) is int or _is_dim(dims)):
-            raise _dim_type_error(name, "in_dims", path, dims, value)
-        if dims is not None:
-            d = dims + value.ndim if dims < 0 else dims
-            if not 0 <= d < value.ndim:
-                raise ValueError(
-                    f"fd.vmap({name}): in_dims maps dim {dims} of {fmt_path(path)}, a tensor of "
-                    f"shape {list(value.shape)} ({value.ndim} dims); choose a dim in "
-                    f"[{-value.ndim}, {value.ndim - 1}] or None."
-                )
-            dims = d
-        out.append(_Leaf(path, value, dims))
-        return _LEAF
-    if value is None:
-        out.append(_Leaf(path, None, None))  # a leaf of torch's pytree; nothing to map
-        return _LEAF
-    named = isinstance(value, tuple) and hasattr(value, "_fields")
-    if type(value) in (list, tuple) or named:
-        if _is_dim(dims):
-            children = [_walk(name, v, dims, (*path, i), out) for i, v in enumerate(value)]
-        elif isinstance(dims, list | tuple) and len(dims) == len(value):
-            children = [
-                _walk(name, v, d, (*path, i), out) for i, (v, d) in enumerate(zip(value, dims))
-            ]
-        else:
-            n = len(dims) if isinstance(dims, list | tuple) else None
-            raise ValueError(
-                f"fd.vmap({name}): in_dims at {fmt_path(path)} is {dims!r}"
-                + (f" ({n} entries)" if n is not None else "")
-                + f" but the input there is a {type(value).__name__} of {len(value)}; give one "
-                "int/None for all of it or a tuple with one entry per element."
-            )
-        if named:  # rare: torch's own spec of the node (its context is the class)
-            return torch_pytree.tree_structure(value)
-        return _Spec(type(value), None, children)
-    if type(value) is dict:
-        if isinstance(dims, Mapping | TensorDict):
-            dims = _mapping_dims(name, path, dims, value, "dict")
-            children = [_walk(name, v, dims[k], (*path, k), out) for k, v in value.items()]
-        elif _is_dim(dims):
-            children = [_walk(name, v, dims, (*path, k), out) for k, v in value.items()]
-        else:
-            raise _dim_type_error(name, "in_dims", path, dims, value)
-        return _Spec(dict, list(value), children)
-    # other pytree nodes (flattened by torch) and plain leaves
-    leaves, spec = torch_pytree.tree_flatten(value)
-    if not _is_dim(dims):
-        raise _dim_type_error(name, "in_dims", path, dims, value)
-    for i, leaf in enumerate(leaves):
-        sub = path if len(leaves) == 1 and leaf is value else (*path, i)
-        if dims is not None and not isinstance(leaf, torch.Tensor):
-            raise TypeError(
-                f"fd.vmap({name}): {fmt_path(sub)} is a {type(leaf).__name__}, not a tensor, "
-                f"so it cannot be mapped (in_dims {dims}); give it in_dims=None, e.g. "
-                "in_dims=(0, None), or pass it as a keyword argument (never mapped)."
-            )
-        out.append(_Leaf(sub, leaf, dims))
-    return spec
-
-
-def _raise_not_batch(name: str, path: tuple, td: TensorDict, dim: int):
-    bs = list(td._batch_size)
-    entry = next(iter(td.items(True, True)), None)
-    ex = ""
-    if entry is not None:
-        ex = f" (entry {fmt_path((*path, *_as_tuple(entry[0])))} has shape {list(entry[1].shape)})"
-    raise ValueError(
-        f"fd.vmap({name}): in_dims maps dim {dim} of the TensorDict at {fmt_path(path)}, which "
-        f"has batch_size {bs}: only batch dims can be mapped{ex}. Choose a dim "
-        f"in [{-len(bs)}, {len(bs) - 1}], or None."
-    )
-
-
-def _as_tuple(k) -> tuple:
-    return k if isinstance(k, tuple) else (k,)
-
-
-def _check_td(name: str, path: tuple, td: TensorDict, leaves: list[_Leaf]) -> None:
-    """Inside vmap each TensorDict must stay valid: entries share its batch dims, so all
-    of them are mapped over the same batch dim, or none is (a TensorDict with
-    batch_size [] may hold independently mapped entries, e.g. {'params': 0, 'td': None})."""
-    k = len(td._batch_size)
-    if k == 0 or not leaves:
-        return
-    first = leaves[0]
-    for leaf in leaves:
-        if leaf.dim is not None and leaf.dim >= k:
-            raise ValueError(
-                f"fd.vmap({name}): in_dims maps dim {leaf.dim} of {fmt_path(leaf.path)} (shape "
-                f"{list(leaf.value.shape)}), but the TensorDict at {fmt_path(path)} has "
-                f"batch_size {list(td._batch_size)}, so dim {leaf.dim} is not one of its batch "
-                f"dims: only batch dims can be mapped. Choose a dim in [0, {k - 1}], or move "
-                f"the dim into the batch first (e.g. td.apply(lambda x: x.movedim({leaf.dim}, 0), "
-                f"batch_size=[...]))."
-            )
-        if leaf.dim != first.dim:
-            raise ValueError(
-                f"fd.vmap({name}): entries of the TensorDict at {fmt_path(path)} (batch_size "
-                f"{list(td._batch_size)}) are mapped differently: {fmt_path(first.path)} over "
-                f"dim {first.dim} but {fmt_path(leaf.path)} over dim {leaf.dim}. The entries of "
-                "a TensorDict share its batch dims: map all of them over the same batch dim, or "
-                "none (None). To map entries independently, put them in separate TensorDicts "
-                "(e.g. a batch_size-[] TensorDict {'params': ens, 'data': td} with in_dims "
-                "{'params': 0, 'data': None})."
-            )
-
-
-def _leaves(name: str, args: tuple, in_dims: Any) -> tuple[list, list, Any]:
-    if _is_dim(in_dims):
-        dims: Any = in_dims
-    elif isinstance(in_dims, tuple | list):
-        if len(in_dims) != len(args):
-            raise ValueError(
-                f"fd.vmap({name}): in_dims has {len(in_dims)} entries but the function was "
-                f"called with {len(args)} positional argument(s); give one in_dim per argument "
-                "(or one int/None for all)."
-            )
-        dims = tuple(in_dims)
-    else:
-        raise TypeError(
-            f"fd.vmap({name}): in_dims must be an int, None, or a tuple with one entry per "
-            f"positional argument; got a {type(in_dims).__name__}. (For one TensorDict "
-            "argument write in_dims=({'a': 0, 'b': None},).)"
-        )
-    found: list[_Leaf] = []
-    spec = _walk(name, args, dims, (), found)
-    flat = [leaf.value for leaf in found]
-    mapped = [leaf for leaf in found if leaf.dim is not None]
-    if not mapped:
-        raise ValueError(
-            f"fd.vmap({name}): in_dims={in_dims!r} maps no tensor of the inputs; at least one "
-            "input must be mapped (an int in_dims for a tensor or TensorDict argument)."
-        )
-    size = mapped[0].value.shape[mapped[0].dim]
-    for leaf in mapped[1:]:
-        if leaf.value.shape[leaf.dim] != size:
-            a = mapped[0]
-            raise ValueError(
-                f"fd.vmap({name}): the mapped dims have different sizes: {fmt_path(a.path)} has "
-                f"size {size} in dim {a.dim} (shape {list(a.value.shape)}) but "
-                f"{fmt_path(leaf.path)} has size {leaf.value.shape[leaf.dim]} in dim {leaf.dim} "
-                f"(shape {list(leaf.value.shape)}). Every mapped input needs the same size."
-            )
-    return flat, [leaf.dim for leaf in found], spec
 
 
 # ------------------------------------------------------------------ out_dims
@@ -450,9 +239,6 @@ def vmap(
         >>> out = fd.vmap(block, in_dims=(0, 0))(ens, td_per_member)
     """
     name = _name(f)
-    torch_out = _zeroed(out_dims, name)
-    moved = not (_is_dim(out_dims) and out_dims == 0)
-    mixed = _mixed(out_dims)
     if axis_name is not None:
         _axes.check_name(axis_name, f"fd.vmap({name})")
         if chunk_size is not None:
@@ -460,15 +246,27 @@ def vmap(
                 f"fd.vmap({name}): axis_name={axis_name!r} needs all elements at once, so "
                 "chunk_size cannot be given with it; drop chunk_size."
             )
+    mapped = _mapped(f, name, in_dims, out_dims, randomness, chunk_size, axis_name)
+    return functools.wraps(f)(mapped)
 
-    @functools.wraps(f)
+
+def _mapped(f, name, in_dims, out_dims, randomness, chunk_size, axis_name) -> Callable:
+    """The function ``fd.vmap`` returns (before ``functools.wraps``): per call, the leaves
+    and their dims (``in_leaves``), ``torch.func.vmap`` of a function of the leaves, and
+    the mapped dims moved to ``out_dims``."""
+    torch_out = _zeroed(out_dims, name)
+    moved = not (_is_dim(out_dims) and out_dims == 0)
+    mixed = _mixed(out_dims)
+
     def mapped(*args: Any, **kwargs: Any) -> Any:
-        flat, dims, spec = _leaves(name, args, in_dims)
+        flat: Sequence
+        dims: Sequence
+        flat, dims, spec = in_leaves(name, args, in_dims)
 
         converted: set = set()
 
         def flat_f(*leaves: Any) -> Any:
-            out = f(*torch_pytree.tree_unflatten(list(leaves), spec), **kwargs)
+            out = f(*spec.unflatten(leaves), **kwargs)
             return _plain(out, out_dims, (), name, converted) if mixed else out
 
         if axis_name is not None:  # one more leaf: the marker of the named level

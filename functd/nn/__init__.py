@@ -18,12 +18,6 @@ Example:
     True
 """
 
-from .._modules._state import buffer_paths as buffer_paths
-from .._modules._state import eval_mode as eval_mode
-from .._modules._state import merge_state as merge_state
-from .._modules._state import split_state as split_state
-from .._modules._state import train_mode as train_mode
-from .._modules._state import update_state as update_state
 from ._activation import CELU as CELU
 from ._activation import ELU as ELU
 from ._activation import GELU as GELU
@@ -101,6 +95,12 @@ from ._spatial import Pad as Pad
 from ._spatial import PixelShuffle as PixelShuffle
 from ._spatial import PixelUnshuffle as PixelUnshuffle
 from ._spatial import Upsample as Upsample
+from ._state import buffer_paths as buffer_paths
+from ._state import eval_mode as eval_mode
+from ._state import merge_state as merge_state
+from ._state import split_state as split_state
+from ._state import train_mode as train_mode
+from ._state import update_state as update_state
 
 #: Every public pure layer class (the conformance registry checks each has a case).
 LAYERS: tuple[type, ...] = (

@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -41,8 +42,6 @@ __all__ = [
 
 # (key, feature shape, dtype) -> tensor of shape (*key.shape[:-1], *shape)
 Initializer = Callable[[Tensor, tuple[int, ...], torch.dtype], Tensor]
-
-EMPTY = TensorDict({}, [])  # the params of a parameter-free layer (shared, immutable)
 
 
 class ParamSpec(NamedTuple):
@@ -196,6 +195,23 @@ class Layer:
         """Paths of the entries of params that are buffers (running statistics), not
         trainable parameters; ``functd.nn.split_state`` separates them."""
         return ()
+
+    def with_training(self, training: bool) -> Layer:
+        """The same layer in training (``True``) or eval mode, as ``nn.Module.train()``
+        but returning a new layer (``self`` when unchanged); ``functd.nn.eval_mode`` and
+        ``train_mode`` call it. A layer's mode is its ``training`` field (``Dropout``,
+        ``BatchNorm*``, ``RNN``/``GRU``/``LSTM``, ``MultiheadAttention``); a layer
+        without one has no mode. Layers holding others (``Chain``) or a torch module
+        (``FunctionalCall``) override it.
+
+        Example:
+            >>> Dropout(0.5).with_training(False)
+            Dropout(p=0.5, training=False)
+        """
+        fields = getattr(self, "__dataclass_fields__", ())
+        if "training" not in fields or self.training == training:  # type: ignore[attr-defined]
+            return self
+        return dataclasses.replace(self, training=training)  # type: ignore[type-var]
 
     if TYPE_CHECKING:
         # ``layer(params, *inputs, key=None)``: each layer types its own inputs (as

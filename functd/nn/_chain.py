@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from torch import Size, Tensor
 
 from .. import random as fr
-from .._td import TensorDict, from_parts
-from ._base import EMPTY, Layer, as_key, set_derived
+from .._td import EMPTY, TensorDict, from_parts
+from ._base import Layer, as_key, set_derived
 
 __all__ = ["Chain"]
 
@@ -98,6 +98,13 @@ class Chain(Layer):
             for name, layer in zip(self._names, self.layers)
             for path in layer.buffer_paths()
         )
+
+    def with_training(self, training: bool) -> Chain:
+        """The Chain with every layer switched (``self`` when none changes)."""
+        layers = tuple(layer.with_training(training) for layer in self.layers)
+        if all(a is b for a, b in zip(layers, self.layers)):
+            return self
+        return dataclasses.replace(self, layers=layers)
 
     def _specs(self) -> dict[str, Any]:
         out = {}

@@ -15,10 +15,10 @@ __all__ = ["Dropout", "keyed_dropout"]
 _ALPHA = 1.7580993408473766  # SELU's alpha * lambda, as ATen's alpha_dropout
 
 KEY_REQUIRED = (
-    "Dropout(p={p}) needs a PRNG key when it is not in inference mode: pass one at "
-    "call time, e.g. `m(params, td, key=fd.random.key(0))` (split a fresh key for each "
-    "step), or build the layer with `Dropout({p}, inference=True)` (or lower a module "
-    "in eval() mode) to make it the identity."
+    "Dropout(p={p}) needs a PRNG key in training mode: pass one at call time, e.g. "
+    "`m(params, td, key=fd.random.key(0))` (split a fresh key for each step), or switch "
+    "it to eval mode to make it the identity: `fd.nn.eval_mode(m)`, "
+    "`Dropout({p}, training=False)`, or lower a module in eval() mode."
 )
 
 
@@ -31,8 +31,9 @@ class Dropout(Layer):
 
     Args:
         p: the probability of zeroing an element, in ``[0, 1]``.
-        inference: when True the layer is the identity (torch's ``eval()``
-            mode) and needs no key.
+        training: training mode (the default, as a new ``nn.Dropout``); when False
+            the layer is the identity (torch's ``eval()`` mode) and needs no key.
+            Keyword-only; ``functd.nn.eval_mode``/``train_mode`` switch it.
 
     Raises:
         ValueError: ``p`` is outside ``[0, 1]``; or, at call time, ``key`` is
@@ -41,12 +42,12 @@ class Dropout(Layer):
     Example:
         >>> drop = Dropout(0.5)
         >>> y = drop(drop.init(0), torch.ones(4), key=functd.random.key(0))
-        >>> Dropout(0.5, inference=True)(drop.init(0), torch.ones(2)).tolist()
+        >>> Dropout(0.5, training=False)(drop.init(0), torch.ones(2)).tolist()
         [1.0, 1.0]
     """
 
     p: float = 0.5
-    inference: bool = False
+    training: bool = dataclasses.field(default=True, kw_only=True)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.p <= 1.0:
@@ -54,12 +55,12 @@ class Dropout(Layer):
 
     @property
     def random(self) -> bool:  # type: ignore[override]
-        """True unless ``inference`` or ``p == 0``: then the call needs a ``key``."""
-        return not self.inference and self.p > 0.0
+        """True in training mode with ``p > 0``: then the call needs a ``key``."""
+        return self.training and self.p > 0.0
 
     def __call__(self, params: TensorDict, x: Tensor, *, key: Tensor | int | None = None) -> Tensor:
         p = self.p
-        if self.inference or p == 0.0:
+        if not self.training or p == 0.0:
             return x
         if key is None:
             raise ValueError(KEY_REQUIRED.format(p=p))

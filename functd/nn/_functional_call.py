@@ -147,6 +147,13 @@ class FunctionalCall(Layer):
     def buffer_paths(self) -> tuple[tuple[str, ...], ...]:
         return tuple(tuple(name.split(".")) for name, _ in self.module.named_buffers())
 
+    def with_training(self, training: bool) -> FunctionalCall:
+        """A FunctionalCall of the module switched by ``module.train(training)`` (on a
+        meta copy: nothing is written); ``self`` when every submodule is in that mode."""
+        if all(m.training == training for m in self.module.modules()):
+            return self
+        return FunctionalCall(copy.deepcopy(self.module).train(training))
+
     def frozen_paths(self) -> tuple[tuple[str, ...], ...]:
         """Paths of the parameters that had ``requires_grad=False`` when wrapped."""
         return self._frozen

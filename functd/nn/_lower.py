@@ -52,7 +52,7 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
     ReflectionPad, ReplicationPad, CircularPad 1d/2d/3d`` (one ``Pad``),
     ``Upsample, UpsamplingNearest2d, UpsamplingBilinear2d`` (one
     ``Upsample``), ``PixelShuffle, PixelUnshuffle``, the parameter-free
-    activations, ``PReLU``, ``Dropout`` (``inference = not module.training``)
+    activations, ``PReLU``, ``Dropout`` (``training`` from the module's mode)
     and ``Sequential`` (a ``Chain``, child by child: a child that is not
     lowered runs as ``FunctionalCall(child)`` inside it). The layer's
     parameters are ``state_to_td(module)``.
@@ -305,7 +305,7 @@ _RULES: dict[type, Callable[[Any, bool], Layer | None]] = {
     nn.PixelShuffle: lambda m, f: PixelShuffle(m.upscale_factor),
     nn.PixelUnshuffle: lambda m, f: PixelUnshuffle(m.downscale_factor),
     nn.MultiheadAttention: _mha,
-    nn.Dropout: lambda m, f: Dropout(m.p, inference=not m.training),
+    nn.Dropout: lambda m, f: Dropout(m.p, training=m.training),
     nn.Sequential: _sequential,
     nn.ReLU: _plain(A.ReLU),
     nn.ReLU6: _plain(A.ReLU6),

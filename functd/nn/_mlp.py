@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch.nn.functional as F
 from torch import Tensor
 
-from .._td import TensorDict
+from .._td import EMPTY, TensorDict
 from ._activation import ReLU
-from ._base import EMPTY, Layer, set_derived
+from ._base import Layer, set_derived
 from ._linear import Linear
 
 __all__ = ["MLP"]

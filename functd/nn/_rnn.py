@@ -30,8 +30,8 @@ from torch.nn.utils.rnn import PackedSequence
 
 from .. import random as fr
 from .._eager import plain
-from .._td import TensorDict
-from ._base import EMPTY, Layer, ParamSpec, as_key, fan_in_bound, set_derived, uniform
+from .._td import EMPTY, TensorDict
+from ._base import Layer, ParamSpec, as_key, fan_in_bound, set_derived, uniform
 from ._dropout import Dropout
 from ._recurrent import elman_step, gru_step, lstm_step
 

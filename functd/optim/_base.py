@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
+from .._frozen import Frozen
 from .._td import TensorDict, from_parts
 from .._td._tree import unflatten_like
 from . import _listops as L
@@ -32,7 +33,7 @@ from . import _listops as L
 __all__ = ["GradientTransformation", "Partial", "apply_updates", "chain", "identity"]
 
 
-class Partial:
+class Partial(Frozen):
     """A function with keyword hyper-parameters bound; equal when both are.
 
     Like ``functools.partial`` (keywords only), but frozen, hashable and compared
@@ -57,15 +58,6 @@ class Partial:
 
     def _identity(self) -> tuple:
         return (self.func, tuple(sorted((k, _hashable(v)) for k, v in self.kwargs.items())))
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is Partial and self._identity() == other._identity()
-
-    def __hash__(self) -> int:
-        return hash(self._identity())
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        raise AttributeError(f"Partial is frozen: cannot set {name!r}")
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())

@@ -13,30 +13,25 @@ Example:
     >>> state = fd.nn.update_state(state, new_state)
     >>> out = fd.nn.eval_mode(model)(fd.nn.merge_state(trainable, state), td)
 
-See ``notes/stateful.md`` for why it looks like this.
+Every function here asks the model itself (``HasMode``: ``with_training``,
+``buffer_paths``), so it knows neither the layers nor the module kinds. See
+``notes/stateful.md`` for why it looks like this.
 """
 
 from __future__ import annotations
 
-import copy
-import dataclasses
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from .. import _errors as E
-from .._td import TensorDict, from_parts
+from .._td import TensorDict
 from .._td._partition import partition
-from ..nn._base import Layer
-from ..nn._chain import Chain
-from ..nn._dropout import Dropout
-from ..nn._lower import FunctionalCall
-from ._call import ModuleKind
 
 __all__ = [
+    "HasMode",
     "buffer_paths",
     "eval_mode",
-    "layer_with_training",
     "merge_state",
     "split_state",
     "train_mode",
@@ -46,13 +41,35 @@ __all__ = [
 Path = tuple[str, ...]
 
 
+@runtime_checkable
+class HasMode(Protocol):
+    """What ``eval_mode``/``train_mode`` and ``buffer_paths``/``split_state`` ask of a
+    model: every functd layer (``Layer``) and every module kind (``fd.Module``,
+    ``fd.Sequential``, ``fd.Probabilistic``..., ``ModuleKind``) answers for itself, so
+    these functions know neither the layers nor the module kinds.
+
+    Example:
+        >>> isinstance(fd.nn.Dropout(0.5), HasMode), isinstance(torch.nn.ReLU(), HasMode)
+        (True, False)
+    """
+
+    def with_training(self, training: bool) -> Any:
+        """The same model in training (True) or eval mode; ``self`` when unchanged."""
+        ...
+
+    def buffer_paths(self) -> tuple[Path, ...]:
+        """Paths (in the model's params) of its running statistics."""
+        ...
+
+
 def buffer_paths(module: Any) -> tuple[Path, ...]:
     """Paths of the entries of a module's params that are buffers (running statistics).
 
     Args:
-        module: a module of any kind (``fd.Module``, ``fd.Sequential``, ...: its
-            ``own_buffer_paths()`` and its children's, nested under their names),
-            a functd layer or a ``torch.nn.Module`` (its ``named_buffers``).
+        module: a module of any kind (``fd.Module``, ``fd.Sequential``, ...: its own
+            buffers and its children's, nested under their names), a functd layer
+            (both answer ``module.buffer_paths()``) or a ``torch.nn.Module`` (its
+            ``named_buffers``).
 
     Raises:
         TypeError: ``module`` is none of these.
@@ -61,21 +78,14 @@ def buffer_paths(module: Any) -> tuple[Path, ...]:
         >>> buffer_paths(fd.nn.BatchNorm1d(3))
         (('running_mean',), ('running_var',), ('num_batches_tracked',))
     """
-    if isinstance(module, ModuleKind):
-        return module.own_buffer_paths() + tuple(
-            (name, *path)
-            for name, m in module.children()
-            if m.has_params
-            for path in buffer_paths(m)
-        )
-    if isinstance(module, Layer):
-        return module.buffer_paths()
     if isinstance(module, torch.nn.Module):
         return tuple(tuple(name.split(".")) for name, _ in module.named_buffers())
-    raise TypeError(
-        f"buffer_paths(module): expected a module (fd.Module, fd.Sequential, ...), functd layer or "
-        f"torch.nn.Module; got a {type(module).__name__}."
-    )
+    if isinstance(module, type) or not callable(own := getattr(module, "buffer_paths", None)):
+        raise TypeError(
+            "buffer_paths(module): expected a module (fd.Module, fd.Sequential, ...), functd "
+            f"layer or torch.nn.Module; got a {type(module).__name__}."
+        )
+    return own()
 
 
 def split_state(module: Any, params: TensorDict) -> tuple[TensorDict, TensorDict]:
@@ -175,7 +185,8 @@ def eval_mode(module: Any) -> Any:
 
     Returns a new module (or layer); ``module`` is unchanged. The params are
     the same. Torch modules run through ``FunctionalCall`` are switched too.
-    Each module kind switches itself (``with_training``).
+    Each layer and module kind switches itself: this is
+    ``module.with_training(False)`` (see ``HasMode``).
 
     Raises:
         TypeError: ``module`` is not an fd.Module, fd.Sequential or functd layer.
@@ -198,60 +209,24 @@ def train_mode(module: Any) -> Any:
 
 # ------------------------------------------------------------------ helpers
 def _set_mode(obj: Any, training: bool) -> Any:
-    if isinstance(obj, ModuleKind):
-        return obj.with_training(training)
-    if isinstance(obj, Layer):
-        return layer_with_training(obj, training)
+    name = "train" if training else "eval"
     if isinstance(obj, torch.nn.Module):
-        name = "train" if training else "eval"
         raise TypeError(
             f"{name}_mode(module) switches functd modules and returns a new one; "
             f"{type(obj).__name__} is a torch module. Wrap it first, "
             f"fd.nn.{name}_mode(fd.Module(model, in_keys, out_keys)), or switch the torch "
             f"module itself (model.{name}(), in place) before wrapping it."
         )
-    raise TypeError(
-        f"{'train' if training else 'eval'}_mode(module): expected an fd.Module, fd.Sequential or "
-        f"functd layer; got a {type(obj).__name__}."
-    )
-
-
-def layer_with_training(obj: Layer, training: bool) -> Layer:
-    """A functd layer switched to training or eval mode (``self`` when unchanged):
-    the layers of a ``Chain``, Dropout's ``inference``, a ``FunctionalCall``'s torch
-    module (a meta copy), a ``training`` field."""
-    if isinstance(obj, Chain):
-        layers = tuple(layer_with_training(layer, training) for layer in obj.layers)
-        same = all(a is b for a, b in zip(layers, obj.layers))
-        return obj if same else dataclasses.replace(obj, layers=layers)
-    if isinstance(obj, Dropout):
-        return (
-            obj if obj.inference != training else dataclasses.replace(obj, inference=not training)
+    if isinstance(obj, type) or not callable(switch := getattr(obj, "with_training", None)):
+        raise TypeError(
+            f"{name}_mode(module): expected an fd.Module, fd.Sequential or functd layer; got "
+            f"a {type(obj).__name__}."
         )
-    if isinstance(obj, FunctionalCall):
-        if all(m.training == training for m in obj.module.modules()):
-            return obj
-        return FunctionalCall(copy.deepcopy(obj.module).train(training))  # a meta copy
-    fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else ()
-    if "training" in fields and obj.training != training:  # type: ignore[attr-defined]
-        return dataclasses.replace(obj, training=training)  # type: ignore[type-var]
-    return obj
+    return switch(training)
 
 
 def _path(key: Any) -> Path:
     return key if isinstance(key, tuple) else (key,)
-
-
-def _prune(td: TensorDict, bs: torch.Size) -> TensorDict:
-    """Drop nested TensorDicts left without leaves."""
-    data = {}
-    for k, v in td._data.items():
-        if type(v) is TensorDict:
-            v = _prune(v, v.batch_size)
-            if not v._data:
-                continue
-        data[k] = v
-    return from_parts(data, bs)
 
 
 def _check_tds(name: str, a: Any, b: Any) -> None:
