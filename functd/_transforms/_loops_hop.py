@@ -220,12 +220,9 @@ def _lift(fx_tracer: Any, node: Any) -> None:
         elif _is_fake(value):
             continue
         else:
-            name = _fresh(root, "_lifted_constant")
-            setattr(root, name, value)
-            with fx_tracer.graph.inserting_before(node):
-                attr = fx_tracer.graph.get_attr(name)
-            attr.meta["val"] = value = _as_fake(value)
+            attr = _constant_of(root, fx_tracer.graph, node, value)
             lifted.append(attr)
+            value = attr.meta["val"]
         _to_placeholder(sub, const, value)
     if lifted:
         node.args = (args[0], args[1], args[2], (*tuple(args[3]), *lifted))
@@ -243,16 +240,26 @@ def _pull_up(gm: torch.fx.GraphModule) -> None:
             value = getattr(sub, const.target, None)
             if not isinstance(value, Tensor):
                 continue
-            name = _fresh(gm, "_lifted_constant")
-            gm.register_buffer(name, value, persistent=False)
-            with gm.graph.inserting_before(node):
-                attr = gm.graph.get_attr(name)
-            attr.meta["val"] = value = _as_fake(value)
+            attr = _constant_of(gm, gm.graph, node, value)
             moved.append(attr)
-            _to_placeholder(sub, const, value)
+            _to_placeholder(sub, const, attr.meta["val"])
         if moved:
             node.args = (args[0], args[1], args[2], (*tuple(args[3]), *moved))
     gm.recompile()
+
+
+def _constant_of(owner: Any, graph: torch.fx.Graph, node: Any, value: Tensor) -> Any:
+    """A new constant of ``owner`` holding ``value``, read by a ``get_attr`` node placed
+    before ``node`` (its ``meta["val"]`` the fake of ``value``)."""
+    name = _fresh(owner, "_lifted_constant")
+    if isinstance(owner, torch.fx.GraphModule):
+        owner.register_buffer(name, value, persistent=False)  # a module's tensor
+    else:
+        setattr(owner, name, value)  # the tracer's root
+    with graph.inserting_before(node):
+        attr = graph.get_attr(name)
+    attr.meta["val"] = _as_fake(value)
+    return attr
 
 
 def _is_fake(t: Tensor) -> bool:
