@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -156,11 +156,23 @@ _MAX_PLANS = 256
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
-def _prepare(where, tree, group, check, cap_mb, given=None):
+class Prepared(NamedTuple):
+    """What every collective starts from: the tree's leaves and spec, the group, its
+    size and this rank, and the bucket plan (cached by layout)."""
+
+    leaves: list
+    spec: Any
+    group: Any
+    world: int
+    rank: int
+    buckets: list
+
+
+def _prepare(where, tree, group, check, cap_mb, given=None) -> Prepared:
     leaves, spec = _flatten(where, tree) if given is None else given
     g, world, rank = resolve(where, group)
     if torch.compiler.is_compiling():
-        return leaves, spec, g, world, rank, _buckets(where, leaves, cap_mb)
+        return Prepared(leaves, spec, g, world, rank, _buckets(where, leaves, cap_mb))
     if any(_is_wrapped(x) for x in leaves):
         raise TypeError(
             f"{where}: called inside torch.func.vmap/grad (fd.vmap, fd.grad); process-group "
@@ -178,7 +190,7 @@ def _prepare(where, tree, group, check, cap_mb, given=None):
         if len(_plans) >= _MAX_PLANS:
             _plans.clear()
         _plans[(layout, cap_mb)] = plan
-    return leaves, spec, g, world, rank, plan
+    return Prepared(leaves, spec, g, world, rank, plan)
 
 
 def _rebuild(tree: Any, spec: Any, out: list) -> Any:

@@ -108,7 +108,7 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
     if entry is None or entry.seen is not _group._verified.get(g):
         # the general path (structure check, plan, dtype errors) makes the entry
         out = _all_reduce(where, updates, op, group, cap_mb, "first")
-        buckets = _prepare(where, updates, group, False, cap_mb)[-1]
+        buckets = _prepare(where, updates, group, False, cap_mb).buckets
         if table is None or len(table) >= _MAX_ENTRIES:
             table = _entries[g] = {}
         world = _group.resolve(where, group)[1]
