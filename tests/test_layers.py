@@ -239,3 +239,34 @@ def test_facades_sit_in_their_rooms():
     assert [room(f) for f in sorted(FACADES)] == ["top", "distributed", "nn", "optim"]
     assert "functd.nn._state" in GRAPH["functd.nn"]
     assert not any(room(d) == "modules" for d in GRAPH["functd.nn"])
+
+
+#: The sizes issue 26 fixed: a file is read in one sitting, a function on one screen.
+MAX_FILE_LINES, MAX_FUNCTION_LINES = 700, 80
+
+
+def oversized(mods: dict[str, pathlib.Path]) -> list[str]:
+    """Files over ``MAX_FILE_LINES`` lines and functions over ``MAX_FUNCTION_LINES``."""
+    bad = []
+    for name, path in sorted(mods.items()):
+        if path.suffix != ".py":
+            continue
+        text = path.read_text()
+        if len(text.splitlines()) > MAX_FILE_LINES:
+            bad.append(f"{name}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                n = node.end_lineno - node.lineno + 1
+                if n > MAX_FUNCTION_LINES:
+                    bad.append(f"{name}:{node.lineno} {node.name}: {n} lines")
+    return bad
+
+
+def test_no_file_or_function_over_the_size_limits():
+    assert oversized(modules()) == []
+
+
+def test_oversized_finds_a_long_function(tmp_path):
+    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    (tmp_path / "long.py").write_text(f"def f():\n{body}\n")
+    assert oversized({"functd.long": tmp_path / "long.py"}) == ["functd.long:1 f: 81 lines"]
