@@ -9,7 +9,8 @@ time, compile (or warm-up) time, aggregate env steps/s, and the ratio of that th
 to the baseline's.
 
 Run: ``python benchmarks/ppo_agents.py [--agents 1,16,64,256] [--steps 16384] [--mode
-eager|jit|both] [--quick]``. Threads: BENCH_THREADS (1 by default; see
+eager|jit|both] [--quick] [--pieces]``. ``--pieces``: each piece of one update
+(env step, rollout, prepare, learn) compiled against eager, one agent. Threads: BENCH_THREADS (1 by default; see
 benchmarks/_common.py). No JAX column: jax is not a dependency here (the issue's JAX
 figures are anchors measured elsewhere, quoted in notes/ppo.md).
 """
@@ -40,13 +41,58 @@ def _example():
     return sys.modules[name]
 
 
+def pieces(P) -> None:
+    """One agent: each piece of an update, ``fd.jit(fd.vmap(piece))`` against the same
+    ``fd.vmap(piece)`` eager (ms a call, mean of 3 after one warm call)."""
+    import functools
+    import time
+
+    import functd as fd
+
+    cfg = P.Config(steps=512)
+    runner = fd.vmap(functools.partial(P.init_runner, cfg=cfg))(
+        P.agent_keys(0, 1), torch.full((1,), cfg.lr)
+    )
+    after, traj = fd.vmap(functools.partial(P.rollout, cfg=cfg))(runner)
+    cases = {
+        "env step": (functools.partial(P.env_step, _=None, cfg=cfg), (runner,)),
+        "rollout": (functools.partial(P.rollout, cfg=cfg), (runner,)),
+        "prepare": (functools.partial(P.prepare, cfg=cfg), (after, traj)),
+        "learn": (functools.partial(P.learn, cfg=cfg), (after, traj)),
+    }
+    rows = []
+    for name, (fn, args) in cases.items():
+        eager = fd.vmap(fn)
+        jitted = fd.jit(eager)
+        t0 = time.perf_counter()
+        jitted(*args)
+        compile_s = time.perf_counter() - t0
+
+        def ms(f, args=args):
+            f(*args)
+            t0 = time.perf_counter()
+            for _ in range(3):
+                f(*args)
+            return (time.perf_counter() - t0) / 3 * 1e3
+
+        rows.append([name, f"{compile_s:.0f}", f"{ms(jitted):.1f}", f"{ms(eager):.1f}"])
+        print(rows[-1], flush=True)
+    print(table(["piece", "compile s", "compiled ms", "eager ms"], rows))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--agents", default="1,16,64,256", help="comma-separated agent counts")
     p.add_argument("--steps", type=int, default=16_384, help="env steps per agent")
     p.add_argument("--mode", choices=["eager", "jit", "both"], default="eager")
     p.add_argument("--quick", action="store_true", help="1,4 agents x 2048 steps")
+    p.add_argument(
+        "--pieces", action="store_true", help="each piece of one update, compiled vs eager"
+    )
     args = p.parse_args()
+    if args.pieces:
+        torch.set_num_threads(THREADS)
+        return pieces(_example())
     if args.quick:
         args.agents, args.steps = "1,4", 2048
     counts = [int(a) for a in args.agents.split(",")]
