@@ -10,9 +10,9 @@ PYTEST_ARGS ?=
 
 venv: $(STAMP)
 
-# The install step also compiles functd's C extension (functd/_fused_ext.c, see setup.py):
-# it reruns when either changes.
-$(STAMP): pyproject.toml setup.py functd/_fused_ext.c
+# The install step also compiles functd's C extensions (functd/_fused_ext.c,
+# functd/_td/_alloc_ext.c, see setup.py): it reruns when any of them changes.
+$(STAMP): pyproject.toml setup.py functd/_fused_ext.c functd/_td/_alloc_ext.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[dev,interop,models]"

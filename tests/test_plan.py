@@ -362,3 +362,29 @@ def test_a_layer_writes_out_its_own_call_and_an_overriding_subclass_is_called():
         torch.testing.assert_close(out["z"], ref["z"])
         want = torch.nn.functional.linear(td["x"], params["0", "weight"], params["0", "bias"])
         torch.testing.assert_close(out["y"], want if inlined else 2 * want)
+
+
+def test_a_written_out_layer_tests_its_input_once_and_the_loop_serves_an_input_of_batch_dims():
+    """Linear keeps its input's leading dims, so one test of the first input's rank
+    covers the chain (the later outputs keep the batch dims by shape); an input with
+    no dim beyond the batch dims goes to the loop, whose checks run (here: [4] read as
+    4 features, written back as a [4] output that passes the batch check)."""
+    seq = fd.Sequential(
+        fd.Module(fd.nn.Linear(4, 4), ["x"], ["h"]),
+        fd.Module(torch.relu, ["h"], ["a"]),
+        fd.Module(fd.nn.Linear(4, 4), ["a"], ["y"]),
+    )
+    params = seq.init(fd.random.key(0))
+    deep = fd.TensorDict({"x": torch.randn(4, 4)}, [4])
+    src = plan_source(seq, deep)
+    assert src.count(".ndim == 1") == 1 and src.count("F_linear(") == 2
+    both(seq, params, deep)
+    flat = fd.TensorDict({"x": torch.randn(4)}, [4])
+    out = seq(params, flat)
+    same(out, reference(seq, params, flat))
+    assert out["y"].shape == (4,)
+    (plan,) = seq._plans.values()  # the same layout: the same plan, which handed it over
+    assert plan(params, flat._data, flat.batch_size, None) is None
+    assert plan(params, deep._data, deep.batch_size, None) is not None
+    bad = fd.Sequential(fd.Module(fd.nn.Linear(3, 2), ["x"], ["y"]))  # [3] -> [2]: no batch
+    assert same_error(bad, bad.init(fd.random.key(1)), fd.TensorDict({"x": torch.randn(3)}, [3]))

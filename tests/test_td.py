@@ -573,3 +573,30 @@ def test_inplace_methods_point_to_pure(td, name, pure):
 def test_unknown_attribute(td):
     with pytest.raises(AttributeError, match=r"no attribute 'nope'"):
         td.nope
+
+
+def test_the_one_call_constructor_equals_the_slot_descriptors_and_holds_no_extra_reference():
+    """``_alloc_ext`` (built with the package) sets the four slots in one call; the
+    Python fallback sets them through the descriptors: the same TensorDict, and the
+    data and batch size are referenced once each (no leak, no early free)."""
+    import sys
+
+    from functd._td import _tensordict as T
+
+    assert type(T.new_unchecked).__name__ == "builtin_function_or_method"  # the C path here
+    data, bs = {"a": torch.ones(2, 3)}, torch.Size([2])
+    before = sys.getrefcount(data), sys.getrefcount(bs)
+    for make in (T.new_unchecked, T._new_slots):
+        td = make(data, bs)
+        assert type(td) is fd.TensorDict and td._data is data and td._batch_size is bs
+        assert td._spec is None and td._check_cache is None
+        assert (sys.getrefcount(data), sys.getrefcount(bs)) == (before[0] + 1, before[1] + 1)
+        del td
+        assert (sys.getrefcount(data), sys.getrefcount(bs)) == before
+    td = T.new_unchecked({"b": torch.zeros(2)}, bs)
+    T.init_unchecked(td, data, bs)  # overwrites: the old dict is released
+    assert td._data is data and dict(td.items()) == data
+    with pytest.raises(TypeError, match="td of the bound class"):
+        T.init_unchecked(object(), data, bs)
+    with pytest.raises(TypeError, match="not a slot of the class"):
+        T._alloc_ext.bind(dict)

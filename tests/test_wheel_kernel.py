@@ -1,5 +1,5 @@
 """The wheel carries the fused kernel: ``python -m build`` compiles functd/_fused_ext.c
-into the wheel, which installs into a fresh venv and draws through the extension in a
+(and functd/_td/_alloc_ext.c) into the wheel, which installs into a fresh venv and draws through the extension in a
 process with no C compiler (``CC=/bin/false``, no PATH) and an empty home: nothing is
 compiled or loaded from a writable place at run time.
 
@@ -40,8 +40,11 @@ draws = {
     "uniform": torch.func.vmap(lambda k: fr.uniform(k, (7,), minval=-1.0, maxval=2.0))(keys),
     "split": fr.split(keys, 2),
 }
+td = functd.TensorDict({"a": torch.ones(2, 3)}, [2]).set("b", torch.zeros(2))
 print(json.dumps({
     "file": functd.__file__, "ext": sys.modules["functd._fused_ext"].__file__,
+    "alloc": getattr(sys.modules.get("functd._td._alloc_ext"), "__file__", None),
+    "td": [list(td.keys()), list(td.batch_size), td["a"].sum().item()],
     "variant": f.variant(), "draws": {k: v.view(torch.int32).tolist() for k, v in draws.items()},
 }))
 """
@@ -111,6 +114,8 @@ def test_wheel_built_with_python_m_build_draws_through_the_extension(tmp_path):
     got = json.loads(done.stdout)
     assert pathlib.Path(got["file"]).is_relative_to(tmp_path / "venv")  # the wheel's functd
     assert pathlib.Path(got["ext"]).parent == pathlib.Path(got["file"]).parent
+    assert pathlib.Path(got["alloc"]).parent == pathlib.Path(got["file"]).parent / "_td"
+    assert got["td"] == [["a", "b"], [2], 6.0]
     assert got["variant"] in ("avx512f", "avx2", "baseline")
     assert got["draws"] == pure_draws()
     assert list(pathlib.Path(env["HOME"]).iterdir()) == [] and list(cwd.iterdir()) == []
@@ -136,3 +141,4 @@ def test_sdist_installed_without_a_compiler_warns_once_and_keeps_the_bits(tmp_pa
     assert "FUNCTD_FUSED_RANDOM=0" in warned[0]
     got = json.loads(done.stdout)
     assert got["variant"] is None and got["draws"] == pure_draws()
+    assert got["alloc"] is None and got["td"] == [["a", "b"], [2], 6.0]  # the Python path

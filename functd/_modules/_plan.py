@@ -53,14 +53,10 @@ import torch
 from .._td import (
     EMPTY,
     TensorDict,
-    alloc_uninit,
     is_dynamo_compiling,
+    new_unchecked,
     plain_str,
-    set_batch_size_slot,
-    set_data_slot,
-    set_spec_slot,
 )
-from .._td._marks import mark
 from ..random import fold_in
 from ._call import ModuleKind, bad_params
 from ._outputs import _write_outputs
@@ -235,6 +231,7 @@ class _Writer:
         self.dirty: set[str] = set()
         self.base_is_data = True
         self.count = 0
+        self.deep: set[str] = set()  # locals known to have a dim beyond the batch dims
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
@@ -262,19 +259,22 @@ class _Writer:
     def params(self, seq: Any) -> None:
         """The params preamble: give up (to the loop, which raises) on params with an
         entry no child owns, not a TensorDict, or lacking a child's entry."""
-        n = seq._n_param_entries
-        if n is not None:  # params with an entry no child owns: the loop raises
-            self.emit(f"if type(params) is TD and len(params._data) > {int(n)}:")
-            self.emit("    return None")
+        n = seq._n_param_entries  # (not None: params with more entries go to the loop)
         named = [(j, c.name) for j, c in enumerate(seq._child_steps) if c.has_params]
         if named:
             self.emit("if type(params) is not TD:")
             self.emit("    return None")
             self.emit("pd = params._data")
+            if n is not None:
+                self.emit(f"if len(pd) > {int(n)}:")
+                self.emit("    return None")
             self.emit("try:")
             for j, name in named:
                 self.emit(f"    p{j} = pd[{self.c(name)}]")
             self.emit("except KeyError:")
+            self.emit("    return None")
+        elif n is not None:  # params with an entry no child owns: the loop raises
+            self.emit(f"if type(params) is TD and len(params._data) > {int(n)}:")
             self.emit("    return None")
         self.emit("base = data")
         if seq._random:
@@ -295,6 +295,12 @@ class _Writer:
             self.emit(f"    if _check_child(M{i}, {p}):")
             self.emit("        return None")
             self.ns["_check_child"] = _check_child
+        if s.inline is not None and s.inline.keeps_lead and self.n and args[0] not in self.deep:
+            # an input without a dim beyond the batch dims: the loop serves it (its
+            # output checks); past this test the output keeps the batch dims by shape
+            self.emit(f"if {args[0]}.ndim == {self.n}:")
+            self.emit("    return None")
+            self.deep.add(args[0])
         call = self.call(i, s, p, args, idx)
         outs = cast(tuple[str, ...], s.writes)
         vs = [self.fresh() for _ in outs]
@@ -302,6 +308,10 @@ class _Writer:
             self.emit(f"{vs[0]} = {call}")
             self.emit(f"if {self.bad_output(vs[0], s, args)}:")
             self.emit(f"    {vs[0]} = _write1(M{i}, bs, {vs[0]}, {self.c(outs[0])})")
+            if (s.same_shape or (s.inline is not None and s.inline.keeps_lead)) and (
+                args and args[0] in self.deep
+            ):
+                self.deep.add(vs[0])  # (the output check keeps a tensor of that shape)
         else:
             self.ns["_write_n"] = _write_n
             self.emit(f"{', '.join(vs)}, = _write_n(M{i}, bs, {call})")
@@ -342,8 +352,9 @@ class _Writer:
         if s.same_shape or n == 0:  # same shape as its checked input / no batch dims
             return f"type({v}) is not T"
         if s.inline is not None and s.inline.keeps_lead:
-            # (..., in) -> (..., out): the batch dims stay when the input has a dim beyond them
-            return f"type({v}) is not T or {args[0]}.ndim == {n}"
+            # (..., in) -> (..., out): the batch dims stay, the input having a dim beyond
+            # them (tested once per input where it is read: ``inline``)
+            return f"type({v}) is not T"
         if n == 1:  # one dim compared: cheaper than slicing the shape
             return f"type({v}) is not T or not {v}.ndim or {v}.shape[0] != bs[0]"
         return f"type({v}) is not T or {v}.shape[:{n}] != bs"
@@ -408,14 +419,8 @@ class _Writer:
         if any(type(k) is not str for k in seq._drop):
             self.ns["SEQ"] = seq  # only then: no reference cycle module -> plan -> module
             self.emit("SEQ._drop_unselected(out)")
-        self.ns.update(_alloc=alloc_uninit, _set_data=set_data_slot, _set_bs=set_batch_size_slot)
-        self.ns.update(_set_spec=set_spec_slot, _mark=mark)
-        self.emit("td = _alloc(TD)")  # from_parts without its dynamo check: plans run eagerly only
-        self.emit("_set_data(td, out)")
-        self.emit("_set_bs(td, bs)")
-        self.emit("_set_spec(td, None)")
-        self.emit("_mark(td, None)")
-        self.emit("return td")
+        self.ns["_new"] = new_unchecked  # from_parts without its dynamo test: plans run eagerly
+        self.emit("return _new(out, bs)")
         # the user's strings reach the body as keyword-only defaults: fast locals, bound from ns
         bound = "".join(f", {n}={n}" for n in self.consts.values())
         head = f"def plan(params, data, bs, opts{', *' if bound else ''}{bound}):\n"

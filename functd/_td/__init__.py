@@ -14,10 +14,8 @@ from ._key import plain_str as plain_str
 from ._tensordict import EMPTY as EMPTY
 from ._tensordict import Key as Key
 from ._tensordict import TensorDict as TensorDict
-from ._tensordict import alloc_uninit as alloc_uninit
 from ._tensordict import from_parts as from_parts
 from ._tensordict import is_dynamo_compiling as is_dynamo_compiling
-from ._tensordict import set_batch_size_slot as set_batch_size_slot
-from ._tensordict import set_data_slot as set_data_slot
+from ._tensordict import new_unchecked as new_unchecked
 from ._tensordict import set_path as set_path
 from ._tensordict import set_spec_slot as set_spec_slot

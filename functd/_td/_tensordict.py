@@ -119,20 +119,14 @@ class TensorDict:
                             if type(k) is not str or type(v) not in _LEAF_TYPES or v.shape[0] != b0:
                                 break
                         else:
-                            set_data_slot(self, source.copy())
-                            set_batch_size_slot(self, _SIZES.get(b0) or _size1(b0))
-                            set_spec_slot(self, None)
-                            _set_check_cache(self, None)
+                            init_unchecked(self, source.copy(), _SIZES.get(b0) or _size1(b0))
                             return
                     except IndexError:  # a 0-dim leaf: the general path raises
                         pass
             bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
             data = _fast_leaves(source, bs)
             if data is not None:  # every key a str, every value a tensor with the batch dims
-                set_data_slot(self, data)
-                set_batch_size_slot(self, bs)
-                set_spec_slot(self, None)
-                _set_check_cache(self, None)
+                init_unchecked(self, data, bs)
                 return
         bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
         dev = torch.device(device) if device is not None else None
@@ -501,20 +495,45 @@ def _init_traceable(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
     object.__setattr__(td, "_check_cache", None)  # _marks.py
 
 
-def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
-    if is_dynamo_compiling():
-        return _init_traceable(td, data, batch_size)
+def _init_slots(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
     set_data_slot(td, data)
     set_batch_size_slot(td, batch_size)
     set_spec_slot(td, None)
     _set_check_cache(td, None)
 
 
+def _new_slots(data: dict, batch_size: torch.Size) -> TensorDict:
+    td = alloc_uninit(TensorDict)
+    _init_slots(td, data, batch_size)
+    return td
+
+
+# The four slot writes in one C call (_alloc_ext.c, built with the package); without the
+# extension, the slot descriptors above (the same writes).
+try:
+    from . import _alloc_ext  # type: ignore[attr-defined]
+
+    _alloc_ext.bind(TensorDict)
+    new_unchecked = _alloc_ext.new  # (data, batch_size) -> TensorDict: eager only
+    init_unchecked = _alloc_ext.init  # (td, data, batch_size): eager only
+except ImportError:  # pragma: no cover - a build without a C compiler
+    new_unchecked = _new_slots
+    init_unchecked = _init_slots
+
+
+def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
+    if is_dynamo_compiling():
+        return _init_traceable(td, data, batch_size)
+    init_unchecked(td, data, batch_size)
+
+
 def from_parts(data: dict, batch_size: torch.Size) -> TensorDict:
     """Build without validation (internal: the caller guarantees the invariants)."""
-    td = alloc_uninit(TensorDict)
-    _init(td, data, batch_size)
-    return td
+    if is_dynamo_compiling():
+        td = alloc_uninit(TensorDict)
+        _init_traceable(td, data, batch_size)
+        return td
+    return new_unchecked(data, batch_size)
 
 
 # The instance's own constructor, for the files below this one (_shape): they reach the

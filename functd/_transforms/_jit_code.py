@@ -34,8 +34,7 @@ import optree
 import torch
 from torch import Tensor
 
-from .._td import TensorDict, alloc_uninit, set_batch_size_slot, set_data_slot, set_spec_slot
-from .._td._marks import mark
+from .._td import TensorDict, new_unchecked, set_spec_slot
 from .._td._tree import NAMESPACE, spec_of
 from ._jit_trace import Direct
 from ._signature import Desc, Flat
@@ -50,11 +49,8 @@ class _Code:
         self.lines: list[str] = []
         self.ns: dict[str, Any] = {
             "_TD": TensorDict,
-            "_alloc": alloc_uninit,
-            "_sd": set_data_slot,
-            "_sb": set_batch_size_slot,
+            "_new": new_unchecked,
             "_ss": set_spec_slot,
-            "_sc": mark,
             "_Desc": Desc,
             "_unflatten": optree.tree_unflatten,
         }
@@ -255,11 +251,8 @@ def _td_node(c: _Code, td: TensorDict, leaves: list[str]) -> str:
     name = f"t{len(c.lines)}"
     data = "{" + ", ".join(f"{k!r}: {exprs[k]}" for k in order) + "}"
     c.lines += [
-        f"{name} = _alloc(_TD)",
-        f"_sd({name}, {data})",
-        f"_sb({name}, {bs})",
+        f"{name} = _new({data}, {bs})",
         f"_ss({name}, {c.const('SP', spec)})",
-        f"_sc({name}, None)",
     ]
     return name
 
