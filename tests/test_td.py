@@ -9,6 +9,7 @@ raises an error that names the entry and the fix, and leaves its inputs unchange
 import pytest
 import torch
 from hypothesis import given
+from hypothesis import strategies as st
 
 import functd as fd
 from functd.testing import assert_close, example_tensordicts, tensordicts
@@ -599,4 +600,40 @@ def test_the_one_call_constructor_equals_the_slot_descriptors_and_holds_no_extra
     with pytest.raises(TypeError, match="td of the bound class"):
         T.init_unchecked(object(), data, bs)
     with pytest.raises(TypeError, match="not a slot of the class"):
-        T._alloc_ext.bind(dict)
+        T._alloc_ext.bind(dict, frozenset(), {}, len)
+
+
+_SOURCES = st.lists(
+    st.tuples(
+        st.sampled_from(["a", "b", "c", 1, ("a", "b")]),
+        st.sampled_from(["t3", "t3x2", "t2", "scalar", "param3", "nested", "int"]),
+    ),
+    max_size=4,
+)
+_BATCHES = st.sampled_from([[3], [2], [0], [-1], [True], [2**70], [3.0], (3,), [3, 1], []])
+
+
+@given(_SOURCES, _BATCHES)
+def test_the_constructors_common_case_in_c_agrees_with_python(items, bs):
+    """``init_batch1`` (C, _alloc_ext.c) and its Python twin take the same cases and
+    build the same TensorDict; the cases both refuse go to the general path."""
+    from functd._td import _tensordict as T
+
+    leaf = {
+        "t3": torch.ones(3),
+        "t3x2": torch.ones(3, 2),
+        "t2": torch.ones(2),
+        "scalar": torch.tensor(1.0),
+        "param3": torch.nn.Parameter(torch.ones(3)),
+        "nested": {"x": torch.ones(3)},
+        "int": 3,
+    }
+    source = {k: leaf[v] for k, v in items}
+    got = []
+    for init in (T.init_batch1, T._init_batch1):
+        td = T.alloc_uninit(fd.TensorDict)
+        ok = init(td, source, bs)
+        got.append((ok, list(td._data.items()) if ok else None, td._batch_size if ok else None))
+        if ok:
+            assert td._data is not source and td._spec is None and td._check_cache is None
+    assert got[0] == got[1]

@@ -111,18 +111,8 @@ class TensorDict:
         device: torch.device | str | None = None,
     ) -> None:
         if type(source) is dict and device is None and not is_dynamo_compiling():
-            if type(batch_size) is list and len(batch_size) == 1:  # the common case, inlined
-                b0 = batch_size[0]
-                if type(b0) is int and b0 >= 0:
-                    try:
-                        for k, v in source.items():
-                            if type(k) is not str or type(v) not in _LEAF_TYPES or v.shape[0] != b0:
-                                break
-                        else:
-                            init_unchecked(self, source.copy(), _SIZES.get(b0) or _size1(b0))
-                            return
-                    except IndexError:  # a 0-dim leaf: the general path raises
-                        pass
+            if init_batch1(self, source, batch_size):  # TensorDict({str: tensor}, [n])
+                return
             bs = batch_size if type(batch_size) is torch.Size else _check_batch_size(batch_size)
             data = _fast_leaves(source, bs)
             if data is not None:  # every key a str, every value a tensor with the batch dims
@@ -508,17 +498,39 @@ def _new_slots(data: dict, batch_size: torch.Size) -> TensorDict:
     return td
 
 
-# The four slot writes in one C call (_alloc_ext.c, built with the package); without the
-# extension, the slot descriptors above (the same writes).
+def _init_batch1(td: TensorDict, source: dict, batch_size: Any) -> bool:
+    """The constructor's common case, ``TensorDict({str: tensor}, [n])``: True when
+    every key is a str and every value a tensor (or Parameter) whose shape starts with
+    ``n >= 0`` (td then holds a copy of ``source``); False, with nothing written,
+    otherwise (the general path converts or raises)."""
+    if type(batch_size) is not list or len(batch_size) != 1:
+        return False
+    b0 = batch_size[0]
+    if type(b0) is not int or b0 < 0:
+        return False
+    try:
+        for k, v in source.items():
+            if type(k) is not str or type(v) not in _LEAF_TYPES or v.shape[0] != b0:
+                return False
+    except IndexError:  # a 0-dim leaf
+        return False
+    _init_slots(td, source.copy(), _SIZES.get(b0) or _size1(b0))
+    return True
+
+
+# The slot writes in one C call (_alloc_ext.c, built with the package), and the common
+# constructor's checks there too; without the extension, the same in Python above.
 try:
     from . import _alloc_ext  # type: ignore[attr-defined]
 
-    _alloc_ext.bind(TensorDict)
+    _alloc_ext.bind(TensorDict, _LEAF_TYPES, _SIZES, _size1)
     new_unchecked = _alloc_ext.new  # (data, batch_size) -> TensorDict: eager only
     init_unchecked = _alloc_ext.init  # (td, data, batch_size): eager only
+    init_batch1 = _alloc_ext.init_batch1  # (td, source, batch_size) -> bool: eager only
 except ImportError:  # pragma: no cover - a build without a C compiler
     new_unchecked = _new_slots
     init_unchecked = _init_slots
+    init_batch1 = _init_batch1
 
 
 def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
