@@ -379,9 +379,26 @@ def make_driver(cfg: Config, jit: bool = False) -> tuple[Callable, Callable]:
     rollout, GAE, shuffles and minibatch epochs are torch's scan op (one per loop, not
     unrolled). The Python loop over updates stays for the progress bar (a call per
     update: 32 for 16,384 steps)."""
-    init = fd.vmap(functools.partial(init_runner, cfg=cfg))
-    step = fd.vmap(functools.partial(update, cfg=cfg))
+    vinit = fd.vmap(functools.partial(init_runner, cfg=cfg))
+
+    def init(keys: torch.Tensor, lrs: torch.Tensor) -> dict[str, Any]:
+        return standard_strides(vinit(keys, lrs))
+
+    def one_update(runner: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        runner, metrics = update(runner, cfg)
+        return standard_strides(runner), metrics
+
+    step = fd.vmap(one_update)
     return init, fd.jit(step) if jit else step
+
+
+def standard_strides(tree: Any) -> Any:
+    """Every tensor of ``tree`` copied with the standard (row-major) strides. Strides
+    are part of fd.jit's signature, and the runner's leaves come out of init and of an
+    update with different ones (a leaf the same for every agent expanded with stride
+    0; a slice of a split key with its parent's strides): in one layout, one compile
+    serves the first update and every later one. The copies are a few kB an update."""
+    return fd.tree.map(lambda t: t.clone(memory_format=torch.contiguous_format), tree)
 
 
 def run(
@@ -399,10 +416,8 @@ def run(
     init, step = driver or make_driver(cfg, jit)
     runner = init(agent_keys(seed, agents), lrs)
     t0 = time.perf_counter()
-    # warm-up: under --jit two signatures compile, the runner built eagerly and the
-    # runner the compiled update returns (its tensors' layouts differ); the run below
-    # starts from the same runner
-    step(step(runner)[0])
+    # warm-up (under --jit: the one compile); the run below starts from the same runner
+    step(runner)
     compile_s = time.perf_counter() - t0
     history = []
     bar = _progress(cfg.num_updates, progress)

@@ -57,6 +57,22 @@ def test_the_cli_driver_runs_the_same_updates_as_train():
     torch.testing.assert_close(P.final_return_batch(runner), metrics["final_return"])
 
 
+@pytest.mark.parametrize("agents", [1, 3])
+def test_the_driver_keeps_one_runner_layout_so_fd_jit_compiles_once(agents):
+    """fd.jit's signature holds every leaf's strides: the runner made by init and
+    the runners updates return have the same, so --jit compiles one update."""
+    from functd._transforms._signature import describe_change, signature
+
+    init, step = P.make_driver(TINY)
+    runner = init(P.agent_keys(0, agents), torch.full((agents,), 2.5e-4, dtype=F64))
+    sigs = [signature((runner,), {})]
+    for _ in range(2):
+        runner = step(runner)[0]
+        sigs.append(signature((runner,), {}))
+    assert sigs[1] == sigs[0], describe_change(sigs[0], sigs[1])
+    assert sigs[2] == sigs[0], describe_change(sigs[0], sigs[2])
+
+
 def _gae_reference(reward, value, done, last_value, gamma, lam):
     T, E = reward.shape
     adv = torch.zeros(T, E, dtype=reward.dtype)
