@@ -508,13 +508,11 @@ def _init_batch1(td: TensorDict, source: dict, batch_size: Any) -> bool:
     b0 = batch_size[0]
     if type(b0) is not int or b0 < 0:
         return False
-    try:
-        for k, v in source.items():
-            if type(k) is not str or type(v) not in _LEAF_TYPES or v.shape[0] != b0:
-                return False
-    except IndexError:  # a 0-dim leaf
+    bs = _SIZES.get(b0) or _size1(b0)
+    data = _fast_leaves(source, bs)
+    if data is None:
         return False
-    _init_slots(td, source.copy(), _SIZES.get(b0) or _size1(b0))
+    _init_slots(td, data, bs)
     return True
 
 
