@@ -1,5 +1,6 @@
-"""The lean pass of TensorDict construction (``TensorDict.__init__`` inlines its
-one-dim case): plain functions of torch only, so that ``_tensordict.py`` imports them.
+"""The lean pass of TensorDict construction (its one-dim case is also in C,
+``_alloc_ext.c``) and the batch-size checks: plain functions of torch only, so that
+``_tensordict.py`` imports them.
 
 Example:
     >>> _fast_leaves({"x": torch.zeros(4, 3)}, torch.Size([4]))  # a copy of the dict
@@ -9,7 +10,11 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
+
+from .. import _errors as E
 
 __all__: list[str] = []
 
@@ -51,3 +56,38 @@ def _fast_leaves(source: dict, bs: torch.Size) -> dict | None:
             if type(k) is not str or type(v) not in leaf or v.shape[:n] != bs:
                 return None
     return source.copy()
+
+
+_EMPTY_SIZE = torch.Size([])
+
+
+def _check_batch_size(batch_size) -> torch.Size:
+    if batch_size is None:
+        return _EMPTY_SIZE
+    if type(batch_size) is list and len(batch_size) == 1:  # the common ``[n]``
+        d = batch_size[0]
+        if type(d) is int and d >= 0:
+            return torch.Size(batch_size)
+    if isinstance(batch_size, torch.Size):
+        return batch_size
+    if isinstance(batch_size, int | torch.SymInt) and not isinstance(batch_size, bool):
+        batch_size = [batch_size]
+    if not isinstance(batch_size, Sequence) or isinstance(batch_size, str):
+        raise TypeError(E.BAD_BATCH.format(batch_size=batch_size))
+    for d in batch_size:
+        if isinstance(d, bool) or not isinstance(d, int | torch.SymInt) or d < 0:
+            raise (ValueError if isinstance(d, int) else TypeError)(
+                E.BAD_BATCH.format(batch_size=batch_size)
+            )
+    return torch.Size(batch_size)
+
+
+def _common_prefix(shapes: list[torch.Size]) -> list[int]:
+    if not shapes:
+        return []
+    out = []
+    for dims in zip(*shapes):
+        if any(d != dims[0] for d in dims):
+            break
+        out.append(dims[0])
+    return out

@@ -25,7 +25,14 @@ import torch
 
 from .. import _errors as E
 from . import _shape
-from ._construct import _LEAF_TYPES, _SIZES, _fast_leaves, _size1
+from ._construct import (
+    _LEAF_TYPES,
+    _SIZES,
+    _check_batch_size,
+    _common_prefix,
+    _fast_leaves,
+    _size1,
+)
 from ._key import key_path, plain_str
 from ._repr import td_repr
 
@@ -37,41 +44,6 @@ _MISSING = object()  # "no default given"
 _ABSENT = object()  # a default that no entry can be
 
 __all__ = ["Key", "TensorDict"]
-
-
-_EMPTY_SIZE = torch.Size([])
-
-
-def _check_batch_size(batch_size) -> torch.Size:
-    if batch_size is None:
-        return _EMPTY_SIZE
-    if type(batch_size) is list and len(batch_size) == 1:  # the common ``[n]``
-        d = batch_size[0]
-        if type(d) is int and d >= 0:
-            return torch.Size(batch_size)
-    if isinstance(batch_size, torch.Size):
-        return batch_size
-    if isinstance(batch_size, int | torch.SymInt) and not isinstance(batch_size, bool):
-        batch_size = [batch_size]
-    if not isinstance(batch_size, Sequence) or isinstance(batch_size, str):
-        raise TypeError(E.BAD_BATCH.format(batch_size=batch_size))
-    for d in batch_size:
-        if isinstance(d, bool) or not isinstance(d, int | torch.SymInt) or d < 0:
-            raise (ValueError if isinstance(d, int) else TypeError)(
-                E.BAD_BATCH.format(batch_size=batch_size)
-            )
-    return torch.Size(batch_size)
-
-
-def _common_prefix(shapes: list[torch.Size]) -> list[int]:
-    if not shapes:
-        return []
-    out = []
-    for dims in zip(*shapes):
-        if any(d != dims[0] for d in dims):
-            break
-        out.append(dims[0])
-    return out
 
 
 class TensorDict:
