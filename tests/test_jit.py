@@ -532,3 +532,34 @@ def test_signature_key_order_and_change_descriptions():
     assert describe_change(sig(a, 1), sig(a, 2)) == "args[1]: 1 -> 2"
     c = fd.TensorDict({"x": torch.zeros(3, 4).t(), "y": torch.zeros(4)}, [4])
     assert describe_change(sig(a), sig(c)) == "args[0]['x']: stride (3, 1) -> (1, 4)"
+
+
+def test_row_major_bmm_pass_keeps_values_and_a_vmapped_loop_equals_eager():
+    """fd.jit's post-grad pass (_jit_passes.RowMajorBmm) routes each operand of a
+    batched matmul through a copy with row-major strides: the values stay, and a
+    matmul vmapped inside fd.scan (its carries stored batch-last) equals eager."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from functd._transforms._jit_passes import RowMajorBmm
+
+    a, b = torch.randn(5, 3, 4).permute(1, 0, 2), torch.randn(3, 4, 2)  # a: batch not outer
+    gm = make_fx(torch.bmm, tracing_mode="fake")(a, b)
+    RowMajorBmm()(gm.graph)
+    gm.recompile()
+    targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.aten.as_strided.default) == 2
+    torch.testing.assert_close(gm(a, b), torch.bmm(a, b))
+
+    torch.manual_seed(0)
+    w, h0, xs = torch.randn(8, 5, 5), torch.randn(8, 3, 5), torch.randn(8, 6, 3, 5)
+
+    def run(w, h0, xs):
+        def step(c, x):  # the weights ride in the carry, as PPO's params do
+            h, w = c
+            h = torch.tanh(h @ w + x)
+            return (h, w), h.sum()
+
+        return fd.scan(step, (h0, w), xs)
+
+    f = fd.vmap(run)
+    assert_close(fd.jit(f)(w, h0, xs), f(w, h0, xs), rtol=1e-5, atol=1e-5)
