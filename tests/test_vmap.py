@@ -5,10 +5,11 @@ torch.utils._pytree's."""
 import collections
 import inspect
 
+import optree
 import pytest
 import torch
 import torch.utils._pytree as torch_pytree
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import functd as fd
@@ -394,15 +395,21 @@ def trees():
 
 
 @given(trees())
+@example({"y": None, "x": torch.zeros(2)})  # dict keys out of sorted order
 def test_in_leaves_equal_torch_pytree_and_map_every_tensor(tree):
+    """The leaves are torch's pytree leaves, in optree's order (a dict's keys sorted,
+    where torch keeps insertion order), each tensor mapped, and the treespec puts
+    back torch's structure (insertion order included)."""
     leaves, ref = torch_pytree.tree_flatten((tree,))
     if not any(isinstance(x, torch.Tensor) for x in leaves):
         with pytest.raises(ValueError, match="maps no tensor"):
             in_leaves("f", (tree,), 0)
         return
     flat, dims, spec = in_leaves("f", (tree,), 0)
-    assert len(flat) == len(leaves) and all(a is b for a, b in zip(flat, leaves))
-    assert dims == tuple(None if x is None else 0 for x in leaves)
+    assert sorted(map(id, flat)) == sorted(map(id, leaves))
+    sorted_order = optree.tree_leaves((tree,), none_is_leaf=True, namespace="functd")
+    assert all(a is b for a, b in zip(flat, sorted_order, strict=True))
+    assert dims == tuple(None if x is None else 0 for x in flat)
     assert torch_pytree.tree_structure(spec.unflatten(flat)) == ref
 
 
