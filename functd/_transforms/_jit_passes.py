@@ -1,4 +1,5 @@
-"""fd.jit's own pass over inductor's post-grad graph: batched matmuls get row-major operands.
+"""fd.jit's own passes over inductor's post-grad graph: batched matmuls get row-major
+operands, and copying views become views and a copy inductor can fuse.
 
 Inductor lays out an intermediate buffer as it likes, and a buffer it feeds to ATen's
 ``bmm`` (``extern_kernels.bmm``, which states no stride requirement) gets the order
@@ -15,8 +16,16 @@ strides (its lowering freezes the layout of what it views), so the buffer is wri
 row-major and ``bmm`` runs one batched GEMM (186 ms). ``tests/test_jit.py`` runs the
 rewritten graph and a compiled vmapped loop against eager.
 
+The loop bodies of torch's scan op reach inductor with copying views
+(``select_copy``, ``slice_copy``, ``detach_copy``: a scan's slice of its inputs, an
+``unbind`` of a key, a constant) which inductor has no lowering for: each ran as a
+fallback through inductor's proxy executor, an ATen call (and a ``clone``) per op
+per loop step; PPO's one-agent rollout spent 40% of its time there (notes/ppo.md).
+``FuseCopyViews`` rewrites each into the view and a ``clone`` to the standard strides
+(what the copying op returns), which inductor fuses into the loops that read it.
+
 Example:
-    >>> options["post_grad_custom_post_pass"] = RowMajorBmm()
+    >>> options["post_grad_custom_post_pass"] = PostGrad()
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ import torch
 from torch._guards import detect_fake_mode
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-__all__ = ["RowMajorBmm"]
+__all__ = ["FuseCopyViews", "PostGrad", "RowMajorBmm"]
 
 _BMM = torch.ops.aten.bmm.default
 _ROW_MAJOR = torch.contiguous_format
@@ -62,3 +71,48 @@ class RowMajorBmm(CustomGraphPass):
 
     def uuid(self) -> str:
         return "functd-row-major-bmm-1"
+
+
+_aten = torch.ops.aten
+#: a copying view -> the view it copies
+_COPY_VIEWS = {
+    _aten.select_copy.int: _aten.select.int,
+    _aten.slice_copy.Tensor: _aten.slice.Tensor,
+    _aten.detach_copy.default: _aten.alias.default,
+}
+
+
+class FuseCopyViews(CustomGraphPass):
+    """``select_copy(x, ...)`` -> ``clone(select(x, ...))``, likewise ``slice_copy`` and
+    ``detach_copy`` (as ``alias``): the same values in a fresh tensor of the same strides."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in list(graph.nodes):
+            view = _COPY_VIEWS.get(node.target) if node.op == "call_function" else None
+            val = node.meta.get("val")
+            src = node.args[0] if node.args else None
+            src_val = src.meta.get("val") if isinstance(src, torch.fx.Node) else None
+            if view is None or not isinstance(val, torch.Tensor) or src_val is None:
+                continue
+            with graph.inserting_before(node):
+                v = graph.call_function(view, node.args, node.kwargs)
+                copy = graph.call_function(_aten.clone.default, (v,), {"memory_format": _ROW_MAJOR})
+            with detect_fake_mode([val]) or torch._subclasses.FakeTensorMode():
+                v.meta["val"] = view(src_val, *node.args[1:], **node.kwargs)
+            copy.meta["val"] = val
+            node.replace_all_uses_with(copy)
+            graph.erase_node(node)
+
+    def uuid(self) -> str:
+        return "functd-fuse-copy-views-1"
+
+
+class PostGrad(CustomGraphPass):
+    """fd.jit's post-grad pass: ``FuseCopyViews`` then ``RowMajorBmm``."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        FuseCopyViews()(graph)
+        RowMajorBmm()(graph)
+
+    def uuid(self) -> str:
+        return FuseCopyViews().uuid() + "+" + RowMajorBmm().uuid()

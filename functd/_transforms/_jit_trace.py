@@ -408,7 +408,7 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    from ._jit_passes import RowMajorBmm
+    from ._jit_passes import PostGrad
 
     cpu = all(x.device.type == "cpu" for x in t.fakes)
     options = {
@@ -423,9 +423,9 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
         # chain again for every use, and one env step of examples/ppo_agents.py took
         # 50 s to compile; with 8, 14 s, running as fast (notes/ppo.md)
         "realize_opcount_threshold": 8,
-        # batched matmuls on row-major operands (one GEMM, not one mm per batch
-        # element): _jit_passes.py
-        "post_grad_custom_post_pass": RowMajorBmm(),
+        # copying views fused (not a fallback call each), batched matmuls on row-major
+        # operands (one GEMM, not one mm per batch element): _jit_passes.py
+        "post_grad_custom_post_pass": PostGrad(),
     }
     with _tracing(), inductor_config.patch(options):
         compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)

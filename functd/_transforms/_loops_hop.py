@@ -33,6 +33,7 @@ import torch
 from torch import Tensor
 
 from ._loop_checks import NAMESPACE, LoopWarning, _split, check_carry, y_leaves
+from ._loops_hoist import hoist_invariants
 
 __all__ = ["scan_compiled"]
 
@@ -183,7 +184,10 @@ def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     new = [m for m in _scan_nodes(graph) if m not in before]
     for node in new:
         _lift(tracer.fx_tracer, node)
-    return _finish(list(out), init_spec, box[-1], len(init_leaves), reverse)
+    out = list(out)
+    if len(new) == 1:  # (one op traced, as always: else the carries stay as they are)
+        out = hoist_invariants(tracer.fx_tracer, new[0], out, init_leaves)
+    return _finish(out, init_spec, box[-1], len(init_leaves), reverse)
 
 
 def _under_grad() -> bool:
