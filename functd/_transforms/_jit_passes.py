@@ -24,7 +24,16 @@ per loop step; PPO's one-agent rollout spent 40% of its time there (notes/ppo.md
 ``FuseCopyViews`` rewrites each into the view and a ``clone`` to the standard strides
 (what the copying op returns), which inductor fuses into the loops that read it.
 
+A batched matmul with a batch of one (``fd.vmap`` over one agent) is an ``mm``
+(``BatchOneBmm``, a pre-pass): inductor's ``decompose_mm_pass`` (which fd.jit turns on
+for one-row ``mm``s, where a BLAS call costs more than the fused loops) otherwise
+takes every batch-one ``bmm`` apart into multiply-and-sum loops whatever its size,
+and PPO's [128, 4] @ [4, 64] layer became a scalar loop with a scalar ``tanh``;
+as an ``mm`` (from ``MM_ROWS`` rows: below, the fused loops beat a BLAS call) it
+keeps the decomposition only for one row.
+
 Example:
+    >>> options["post_grad_custom_pre_pass"] = BatchOneBmm()
     >>> options["post_grad_custom_post_pass"] = PostGrad()
 """
 
@@ -34,7 +43,7 @@ import torch
 from torch._guards import detect_fake_mode
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
-__all__ = ["FuseCopyViews", "PostGrad", "RowMajorBmm"]
+__all__ = ["BatchOneBmm", "FuseCopyViews", "PostGrad", "RowMajorBmm"]
 
 _BMM = torch.ops.aten.bmm.default
 _ROW_MAJOR = torch.contiguous_format
@@ -116,3 +125,42 @@ class PostGrad(CustomGraphPass):
 
     def uuid(self) -> str:
         return FuseCopyViews().uuid() + "+" + RowMajorBmm().uuid()
+
+
+#: from how many rows a batch-one bmm becomes an mm (PPO at one agent: its 4-row
+#: rollout matmuls ran 1.9x faster decomposed, its 128-row minibatch ones 1.6x
+#: slower: notes/compile.md)
+MM_ROWS = 16
+
+
+class BatchOneBmm(CustomGraphPass):
+    """``bmm(a, b)`` with a batch of one and ``MM_ROWS`` rows or more ->
+    ``mm(a[0], b[0])[None]`` (the same values)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        for node in list(graph.nodes):
+            if node.op != "call_function" or node.target is not _BMM:
+                continue
+            a, b = node.args[:2]
+            vals = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in (a, b)]
+            val = node.meta.get("val")
+            if not all(isinstance(v, torch.Tensor) for v in (*vals, val)):
+                continue
+            if not all(isinstance(v.shape[0], int) and v.shape[0] == 1 for v in vals):
+                continue
+            rows = vals[0].shape[1]
+            if not isinstance(rows, int) or rows < MM_ROWS:
+                continue  # a few rows: the fused loops beat a BLAS call
+            with graph.inserting_before(node):
+                a2 = graph.call_function(_aten.squeeze.dim, (a, 0))
+                b2 = graph.call_function(_aten.squeeze.dim, (b, 0))
+                mm = graph.call_function(_aten.mm.default, (a2, b2))
+                out = graph.call_function(_aten.unsqueeze.default, (mm, 0))
+            a2.meta["val"], b2.meta["val"] = vals[0].squeeze(0), vals[1].squeeze(0)
+            mm.meta["val"] = val.squeeze(0)
+            out.meta["val"] = val
+            node.replace_all_uses_with(out)
+            graph.erase_node(node)
+
+    def uuid(self) -> str:
+        return f"functd-batch-one-bmm-2-{MM_ROWS}"

@@ -408,7 +408,7 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
     import torch._inductor.config as inductor_config
     from torch._inductor.compile_fx import compile_fx_inner
 
-    from ._jit_passes import PostGrad
+    from ._jit_passes import BatchOneBmm, PostGrad
 
     cpu = all(x.device.type == "cpu" for x in t.fakes)
     options = {
@@ -426,6 +426,8 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
         # copying views fused (not a fallback call each), batched matmuls on row-major
         # operands (one GEMM, not one mm per batch element): _jit_passes.py
         "post_grad_custom_post_pass": PostGrad(),
+        # a batch-one bmm as an mm, so the decomposition above keeps to one-row mms
+        "post_grad_custom_pre_pass": BatchOneBmm(),
     }
     with _tracing(), inductor_config.patch(options):
         compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
