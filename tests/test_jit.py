@@ -563,3 +563,53 @@ def test_row_major_bmm_pass_keeps_values_and_a_vmapped_loop_equals_eager():
 
     f = fd.vmap(run)
     assert_close(fd.jit(f)(w, h0, xs), f(w, h0, xs), rtol=1e-5, atol=1e-5)
+
+
+def test_copy_views_pass_leaves_no_copying_view_and_keeps_values():
+    """_jit_passes.FuseCopyViews: select_copy / slice_copy / detach_copy (what a
+    loop body of torch's scan op reaches inductor with, and which inductor ran as a
+    fallback call each step) become the view and a clone: no copying view left, the
+    same values and strides."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from functd._transforms._jit_passes import FuseCopyViews
+
+    aten = torch.ops.aten
+
+    def f(x):
+        a = aten.select_copy.int(x, 1, 2)
+        b = aten.slice_copy.Tensor(x, 0, 1, 3)
+        c = aten.detach_copy.default(x.t())
+        return a, b, c
+
+    x = torch.randn(4, 5).t()  # not row-major
+    gm = make_fx(f, tracing_mode="fake")(x)
+    FuseCopyViews()(gm.graph)
+    gm.recompile()
+    targets = {n.target for n in gm.graph.nodes if n.op == "call_function"}
+    assert not targets & {aten.select_copy.int, aten.slice_copy.Tensor, aten.detach_copy.default}
+    for got, want in zip(gm(x), f(x), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        assert got.stride() == want.stride()
+
+
+def test_batch_one_bmm_pass_turns_many_rows_into_mm_and_keeps_few():
+    """_jit_passes.BatchOneBmm: a batch-one bmm of MM_ROWS rows or more becomes an mm
+    (inductor's decompose_mm_pass took it apart into scalar loops), fewer rows stay a
+    bmm (decomposed: faster than a BLAS call); the values stay."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from functd._transforms._jit_passes import MM_ROWS, BatchOneBmm
+
+    for rows, expect in ((MM_ROWS, torch.ops.aten.mm.default), (4, torch.ops.aten.bmm.default)):
+        a, b = torch.randn(1, rows, 4), torch.randn(1, 4, 8)
+        gm = make_fx(torch.bmm, tracing_mode="fake")(a, b)
+        BatchOneBmm()(gm.graph)
+        gm.recompile()
+        targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
+        assert expect in targets
+        torch.testing.assert_close(gm(a, b), torch.bmm(a, b))
+    a, b = torch.randn(2, 32, 4), torch.randn(2, 4, 8)  # a batch of two: untouched
+    gm = make_fx(torch.bmm, tracing_mode="fake")(a, b)
+    BatchOneBmm()(gm.graph)
+    assert torch.ops.aten.mm.default not in [n.target for n in gm.graph.nodes]

@@ -371,3 +371,93 @@ def test_jit_inductor_closure_over_a_plain_tensor_outside_and_inside_the_loop():
 
     h0, xs = torch.randn(3, dtype=D), torch.randn(6, 3, dtype=D)
     assert_close(fd.jit(roll)(h0, xs), roll(h0, xs), rtol=1e-10, atol=1e-10)
+
+
+def _carries(graph: str) -> list[int]:
+    """The number of carries of each scan op in a traced graph's code."""
+    return [
+        line.split("[", 1)[1].split("]", 1)[0].count(",") + 1
+        for line in graph.splitlines()
+        if "higher_order.scan(" in line
+    ]
+
+
+def _invariant_loop(w, h0, xs):
+    def step(c, x):  # w rides in the carry unchanged (PPO's rollout carries its params)
+        h, w = c
+        h = torch.tanh(h @ w + x)
+        return (h, w), h.sum()
+
+    return fd.scan(step, (h0, w), xs)
+
+
+def test_jit_fx_invariant_carry_becomes_an_input_of_the_op_and_values_stay():
+    """A carry the step returns unchanged and that comes from an input of the graph
+    leaves the op's carry (an additional input; its output is the value that went in);
+    one computed inside the graph stays a carry. Both under vmap too."""
+    w, h0, xs = (
+        torch.randn(5, 5, dtype=D),
+        torch.randn(3, 5, dtype=D),
+        torch.randn(6, 3, 5, dtype=D),
+    )
+    j = fd.jit(_invariant_loop, backend="fx")
+    assert_close(j(w, h0, xs), _invariant_loop(w, h0, xs), rtol=1e-12, atol=1e-12)
+    assert _carries(_graph(j, w, h0, xs)) == [1]
+
+    def doubled(w, h0, xs):  # the invariant carry is computed in the graph: kept
+        return _invariant_loop(w * 2, h0, xs)
+
+    jd = fd.jit(doubled, backend="fx")
+    assert_close(jd(w, h0, xs), doubled(w, h0, xs), rtol=1e-12, atol=1e-12)
+    assert _carries(_graph(jd, w, h0, xs)) == [2]
+
+    wb, hb, xb = (
+        torch.randn(4, 5, 5, dtype=D),
+        torch.randn(4, 3, 5, dtype=D),
+        torch.randn(4, 6, 3, 5, dtype=D),
+    )
+    vm = fd.vmap(_invariant_loop)
+    jv = fd.jit(vm, backend="fx")
+    assert_close(jv(wb, hb, xb), vm(wb, hb, xb), rtol=1e-12, atol=1e-12)
+    assert _carries(_graph(jv, wb, hb, xb)) == [1]
+
+
+def test_jit_fx_nested_loop_invariant_carries_and_a_loop_whose_carry_is_all_invariant():
+    w, h0, xss = (
+        torch.randn(5, 5, dtype=D),
+        torch.randn(3, 5, dtype=D),
+        torch.randn(2, 6, 3, 5, dtype=D),
+    )
+
+    def outer(w, h0, xss):
+        def step(c, xs):  # the inner loop's w is the outer body's input, unchanged
+            (h, w), ys = _invariant_loop(c[1], c[0], xs)
+            return (h, w), ys.sum()
+
+        return fd.scan(step, (h0, w), xss)
+
+    j = fd.jit(outer, backend="fx")
+    assert_close(j(w, h0, xss), outer(w, h0, xss), rtol=1e-12, atol=1e-12)
+
+    def constant(w, xs):  # every carry invariant: the op keeps one
+        return fd.scan(lambda c, x: (c, (c * x).sum()), w, xs)
+
+    jc = fd.jit(constant, backend="fx")
+    out = jc(w, xss[0, :, 0])
+    assert_close(out, constant(w, xss[0, :, 0]), rtol=1e-12, atol=1e-12)
+    assert _carries(_graph(jc, w, xss[0, :, 0])) == [1]
+
+
+@pytest.mark.compile
+def test_jit_inductor_hoisted_and_kept_invariant_carries_run_many_steps():
+    # inductor's C++ loop freed the handle of an intermediate buffer passed as an
+    # additional input after the first step (a crash): only graph inputs are hoisted
+    w, h0, xs = torch.randn(4, 5, 5), torch.randn(4, 3, 5), torch.randn(4, 9, 3, 5)
+    vm = fd.vmap(_invariant_loop)
+    assert_close(fd.jit(vm)(w, h0, xs), vm(w, h0, xs), rtol=1e-5, atol=1e-5)
+
+    def doubled(w, h0, xs):
+        return _invariant_loop(w * 2, h0, xs)
+
+    vd = fd.vmap(doubled)
+    assert_close(fd.jit(vd)(w, h0, xs), vd(w, h0, xs), rtol=1e-5, atol=1e-5)
