@@ -9,10 +9,12 @@ time, compile (or warm-up) time, aggregate env steps/s, and the ratio of that th
 to the baseline's.
 
 Run: ``python benchmarks/ppo_agents.py [--agents 1,16,64,256] [--steps 16384] [--mode
-eager|jit|both] [--quick] [--pieces]``. ``--pieces``: each piece of one update
-(env step, rollout, prepare, learn) compiled against eager, one agent. Threads: BENCH_THREADS (1 by default; see
-benchmarks/_common.py). No JAX column: jax is not a dependency here (the issue's JAX
-figures are anchors measured elsewhere, quoted in notes/ppo.md).
+eager|jit|both] [--quick] [--pieces] [--jax-python PATH]``. ``--pieces``: each piece of one
+update (env step, rollout, prepare, learn) compiled against eager, one agent. Threads:
+BENCH_THREADS (1 by default; see benchmarks/_common.py). ``--jax-python``: a Python that
+has jax and optax (never a dependency of functd) runs ``benchmarks/ppo_jax.py``, the
+same algorithm jitted and vmapped in JAX, at the same agent counts and threads, after
+functd's rows: the JAX column on the same machine.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import pathlib
+import subprocess
 import sys
 
 import torch
@@ -80,6 +83,31 @@ def pieces(P) -> None:
     print(table(["piece", "compile s", "compiled ms", "eager ms"], rows))
 
 
+def jax_rows(python: str, agents: str, steps: int, base_rate: float) -> list[list]:
+    """``benchmarks/ppo_jax.py`` run by ``python``: one row per agent count."""
+    cmd = [python, str(ROOT / "benchmarks" / "ppo_jax.py"), "--agents", agents]
+    cmd += ["--steps", str(steps), "--threads", str(THREADS)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
+    rows = []
+    for line in out.splitlines():
+        print(line, flush=True)
+        if line.startswith("jax agents="):
+            f = dict(kv.split("=") for kv in line.split()[1:])
+            rate = float(f["env_steps_per_s"].replace(",", ""))
+            label = f"JAX, jit(vmap(train)) ({THREADS} thread(s))"
+            rows.append(
+                [
+                    label,
+                    int(f["agents"]),
+                    float(f["train_s"]),
+                    float(f["compile_s"]),
+                    rate,
+                    rate / base_rate,
+                ]
+            )
+    return rows
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--agents", default="1,16,64,256", help="comma-separated agent counts")
@@ -89,6 +117,7 @@ def main() -> None:
     p.add_argument(
         "--pieces", action="store_true", help="each piece of one update, compiled vs eager"
     )
+    p.add_argument("--jax-python", help="a Python with jax and optax: adds the JAX rows")
     args = p.parse_args()
     if args.pieces:
         torch.set_num_threads(THREADS)
@@ -117,6 +146,8 @@ def main() -> None:
             label = "functd, fd.vmap" + (" + fd.jit" if mode == "jit" else " (eager)")
             rows.append([label, n, train_s, warm, rate, rate / base_rate])
             print(f"{label}, {n} agents: {train_s:.2f} s (+{warm:.2f} s)", flush=True)
+    if args.jax_python:
+        rows += jax_rows(args.jax_python, args.agents, args.steps, base_rate)
     header = ["implementation", "agents", "train s", "compile/warm-up s", "env steps/s", "x base"]
     print(table(header, [[*r[:4], f"{r[4]:,.0f}", f"{r[5]:.1f}"] for r in rows]))
 

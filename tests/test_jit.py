@@ -536,7 +536,7 @@ def test_signature_key_order_and_change_descriptions():
 
 def test_row_major_bmm_pass_keeps_values_and_a_vmapped_loop_equals_eager():
     """fd.jit's post-grad pass (_jit_passes.RowMajorBmm) routes each operand of a
-    batched matmul through a copy with row-major strides: the values stay, and a
+    batched matmul through inductor's row-major stride requirement: the values stay, and a
     matmul vmapped inside fd.scan (its carries stored batch-last) equals eager."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
@@ -547,7 +547,7 @@ def test_row_major_bmm_pass_keeps_values_and_a_vmapped_loop_equals_eager():
     RowMajorBmm()(gm.graph)
     gm.recompile()
     targets = [n.target for n in gm.graph.nodes if n.op == "call_function"]
-    assert targets.count(torch.ops.aten.as_strided.default) == 2
+    assert targets.count(torch.ops.prims.inductor_force_stride_order.default) == 2
     torch.testing.assert_close(gm(a, b), torch.bmm(a, b))
 
     torch.manual_seed(0)

@@ -8,13 +8,13 @@ torch's scan op keeps each carry's mapped dim last in memory) that order puts th
 batch dim last, e.g. ``(64, 4, 64)`` with strides ``(1, 64, 256)``; ATen's ``bmm`` then
 runs one ``mm`` per batch element on copied slices (PPO's rollout at 64 agents: 484 ms
 compiled against 275 ms eager; notes/ppo.md). This pass routes each operand of a
-``bmm`` with a batch of more than one through a row-major ``clone`` then
-``as_strided`` with the row-major strides: as a graph, a row-major copy and the
-identity view of it (values unchanged, the graph runs as it is); in inductor, whose
-``clone`` leaves the layout open, ``as_strided`` fixes the copy's buffer to those
-strides (its lowering freezes the layout of what it views), so the buffer is written
-row-major and ``bmm`` runs one batched GEMM (186 ms). ``tests/test_jit.py`` runs the
-rewritten graph and a compiled vmapped loop against eager.
+``bmm`` with a batch of more than one through inductor's own
+``prims.inductor_force_stride_order`` with the row-major strides: as a graph, the
+operand itself (or a row-major copy); in inductor, a requirement that the buffer be
+row-major (a copy only if it is not), so ``bmm`` runs one batched GEMM (the rollout:
+186 ms; an earlier ``clone`` + ``as_strided`` did the same by reinterpreting memory).
+``tests/test_jit.py`` runs the rewritten graph and a compiled vmapped loop against
+eager.
 
 The loop bodies of torch's scan op reach inductor with copying views
 (``select_copy``, ``slice_copy``, ``detach_copy``: a scan's slice of its inputs, an
@@ -39,7 +39,10 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+import torch._inductor.inductor_prims  # registers prims.inductor_force_stride_order
 from torch._guards import detect_fake_mode
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
@@ -47,6 +50,8 @@ __all__ = ["BatchOneBmm", "FuseCopyViews", "PostGrad", "RowMajorBmm"]
 
 _BMM = torch.ops.aten.bmm.default
 _ROW_MAJOR = torch.contiguous_format
+#: inductor's own "these strides, copying if needed" (a no-op as a graph when they are)
+_FORCE_STRIDES = torch.ops.prims.inductor_force_stride_order.default
 
 
 class RowMajorBmm(CustomGraphPass):
@@ -65,21 +70,16 @@ class RowMajorBmm(CustomGraphPass):
                     continue  # (symbolic sizes: left as they are)
                 if b <= 1:
                     continue
-                size, stride = [b, m, k], [m * k, k, 1]
+                stride = [m * k, k, 1]
                 with graph.inserting_before(node):
-                    copy = graph.call_function(
-                        torch.ops.aten.clone.default, (a,), {"memory_format": _ROW_MAJOR}
-                    )
-                    view = graph.call_function(
-                        torch.ops.aten.as_strided.default, (copy, size, stride)
-                    )
+                    view = graph.call_function(_FORCE_STRIDES, (a, stride))
                 with detect_fake_mode([val]) or torch._subclasses.FakeTensorMode():
-                    new = torch.empty_strided(size, stride, dtype=val.dtype, device=val.device)
-                copy.meta["val"] = view.meta["val"] = new
+                    new = torch.empty_strided([b, m, k], stride, dtype=val.dtype, device=val.device)
+                view.meta["val"] = new
                 node.replace_input_with(a, view)
 
     def uuid(self) -> str:
-        return "functd-row-major-bmm-1"
+        return "functd-row-major-bmm-2"
 
 
 _aten = torch.ops.aten
@@ -142,8 +142,10 @@ class BatchOneBmm(CustomGraphPass):
             if node.op != "call_function" or node.target is not _BMM:
                 continue
             a, b = node.args[:2]
-            vals = [x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in (a, b)]
-            val = node.meta.get("val")
+            vals: list[Any] = [
+                x.meta.get("val") if isinstance(x, torch.fx.Node) else None for x in (a, b)
+            ]
+            val: Any = node.meta.get("val")
             if not all(isinstance(v, torch.Tensor) for v in (*vals, val)):
                 continue
             if not all(isinstance(v.shape[0], int) and v.shape[0] == 1 for v in vals):

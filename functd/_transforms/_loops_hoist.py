@@ -37,7 +37,7 @@ def _source(node: Any) -> tuple[Any, list[int] | None]:
         if node.target in _SAME:
             pass
         elif node.target is _aten.permute.default:
-            dims = list(node.args[1])
+            dims = list(node.args[1])  # type: ignore[arg-type]
             perm = dims if perm is None else [dims[k] for k in perm]
         else:
             return None, None
@@ -48,7 +48,7 @@ def _source(node: Any) -> tuple[Any, list[int] | None]:
 def invariant(sub: torch.fx.GraphModule, n_init: int) -> list[int]:
     """The carry positions whose step output is the step's input unchanged."""
     ph = list(sub.graph.find_nodes(op="placeholder"))
-    outs = sub.graph.output_node().args[0]
+    outs: Any = sub.graph.output_node().args[0]
     keep = []
     for i in range(n_init):
         src, perm = _source(outs[i])
@@ -116,7 +116,7 @@ def hoist_invariants(fx_tracer: Any, node: torch.fx.Node, out: list, init: list)
         node.meta["val"] = type(vals)(v for k, v in enumerate(vals) if k not in gone)
     shift = [sum(1 for i in hoisted if i < k) for k in range(len(outs))]
     for u in users:
-        k = u.args[1]
+        k: Any = u.args[1]
         if k in gone:
             u.replace_all_uses_with(init_nodes[k])
             fx_tracer.graph.erase_node(u)
