@@ -32,11 +32,12 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="XLA CPU threads (0: XLA's default)")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
-    if args.threads == 1:  # before jax is imported
-        os.environ["XLA_FLAGS"] = (
-            os.environ.get("XLA_FLAGS", "")
-            + " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-        )
+    # before jax is imported. XLA's concurrency-optimized scheduler: off, since with it
+    # (jax 0.10.2, CPU) the run from 32 agents up never finished, every thread asleep
+    flags = " --xla_cpu_enable_concurrency_optimized_scheduler=false"
+    if args.threads == 1:
+        flags += " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + flags
     try:
         import jax
     except ImportError:
