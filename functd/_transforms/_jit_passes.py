@@ -48,7 +48,8 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 __all__ = ["BatchOneBmm", "FuseCopyViews", "PostGrad", "RowMajorBmm"]
 
-_BMM = torch.ops.aten.bmm.default
+_aten = torch.ops.aten
+_BMM = _aten.bmm.default
 _ROW_MAJOR = torch.contiguous_format
 #: inductor's own "these strides, copying if needed" (a no-op as a graph when they are)
 _FORCE_STRIDES = torch.ops.prims.inductor_force_stride_order.default
@@ -82,7 +83,6 @@ class RowMajorBmm(CustomGraphPass):
         return "functd-row-major-bmm-2"
 
 
-_aten = torch.ops.aten
 #: a copying view -> the view it copies
 _COPY_VIEWS = {
     _aten.select_copy.int: _aten.select.int,

@@ -31,18 +31,17 @@ _SAME = (_aten.clone.default, _aten.alias.default, _aten.detach.default)
 
 def _source(node: Any) -> tuple[Any, list[int] | None]:
     """``(node it copies, permutation)`` following value-keeping ops back from
-    ``node``: output dim j is the source's dim ``perm[j]`` (None: not a copy)."""
+    ``node``: output dim j is the source's dim ``perm[j]``, None when the dims compose
+    to the identity (and ``(None, None)`` when ``node`` is not a copy)."""
     perm: list[int] | None = None
     while isinstance(node, torch.fx.Node) and node.op == "call_function":
-        if node.target in _SAME:
-            pass
-        elif node.target is _aten.permute.default:
+        if node.target is _aten.permute.default:
             dims = list(node.args[1])  # type: ignore[arg-type]
             perm = dims if perm is None else [dims[k] for k in perm]
-        else:
+        elif node.target not in _SAME:
             return None, None
         node = node.args[0]
-    return node, perm
+    return node, None if perm == sorted(perm or []) else perm
 
 
 def invariant(sub: torch.fx.GraphModule, n_init: int) -> list[int]:
@@ -52,7 +51,7 @@ def invariant(sub: torch.fx.GraphModule, n_init: int) -> list[int]:
     keep = []
     for i in range(n_init):
         src, perm = _source(outs[i])
-        if src is ph[i] and (perm is None or perm == sorted(perm)):
+        if src is ph[i] and perm is None:
             keep.append(i)
     return keep
 
@@ -81,24 +80,19 @@ def hoist_invariants(fx_tracer: Any, node: torch.fx.Node, out: list, init: list)
     g = sub.graph
     ph = list(g.find_nodes(op="placeholder"))
     last = ph[-1]
-    views = []
     for i in hoisted:
         src, perm = srcs[i]
         with g.inserting_after(last):
             new = g.placeholder(f"hoisted_{i}")
         new.meta["val"] = src.meta["val"]
+        value = new
+        if perm is not None:  # the carry's layout: a view of the input
+            with g.inserting_after(new):  # (after every placeholder: later ones go before)
+                value = g.call_function(_aten.permute.default, (new, perm))
+            value.meta["val"] = new.meta["val"].permute(perm)
+        ph[i].replace_all_uses_with(value)
+        g.erase_node(ph[i])
         last = new
-        if perm is not None and perm != sorted(perm):
-            views.append((new, perm, ph[i]))
-        else:
-            ph[i].replace_all_uses_with(new)
-            g.erase_node(ph[i])
-    for new, perm, old in views:  # the carry's layout: a view of the input
-        with g.inserting_after(last):
-            view = g.call_function(_aten.permute.default, (new, perm))
-        view.meta["val"] = new.meta["val"].permute(perm)
-        old.replace_all_uses_with(view)
-        g.erase_node(old)
     output = g.output_node()
     outs = list(output.args[0])
     output.args = ([v for k, v in enumerate(outs) if k not in gone],)

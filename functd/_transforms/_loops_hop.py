@@ -12,8 +12,10 @@ Two tracers reach here, with ``torch.compiler.is_compiling()`` True:
   that the outer trace tracks (a parameter, a value computed before the loop)
   becomes a constant of that subgraph, which would compile to a wrong answer:
   ``_lift`` turns each into an input of the op (``additional_inputs``), in every
-  nested loop too. Dynamo is not used here: it refuses to start inside
-  ``torch.func`` transforms (``fd.jit(fd.vmap(f))``).
+  nested loop too. Carries the step never changes that come from the graph's inputs
+  then leave the carry for ``additional_inputs`` (``_loops_hoist``). Dynamo is not
+  used here: it refuses to start inside ``torch.func`` transforms
+  (``fd.jit(fd.vmap(f))``).
 
 Where the op cannot follow (scan inside ``fd.grad`` under ``fd.jit``: no
 ``torch.func.grad`` rule for the op in torch 2.13), the loop is unrolled with a
