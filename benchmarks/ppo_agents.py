@@ -11,7 +11,8 @@ to the baseline's.
 Run: ``python benchmarks/ppo_agents.py [--agents 1,16,64,256] [--steps 16384] [--mode
 eager|jit|both] [--quick] [--pieces] [--jax-python PATH]``. ``--pieces``: each piece of one
 update (env step, rollout, prepare, learn) compiled against eager, one agent. Threads:
-BENCH_THREADS (1 by default; see benchmarks/_common.py). ``--jax-python``: a Python that
+BENCH_THREADS (1 by default; see benchmarks/_common.py). ``BENCH_DEVICE=cuda``: functd's rows
+on the GPU (the baseline stays the usual CPU agent). ``--jax-python``: a Python that
 has jax and optax (never a dependency of functd) runs ``benchmarks/ppo_jax.py``, the
 same algorithm jitted and vmapped in JAX, at the same agent counts and threads, after
 functd's rows: the JAX column on the same machine.
@@ -29,7 +30,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import ppo_baseline
-from _common import THREADS, machine, table
+from _common import DEVICE, ON_GPU, THREADS, machine, table
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -140,10 +141,12 @@ def main() -> None:
     for mode in modes:
         driver = P.make_driver(cfg, jit=mode == "jit")  # compiled code reused across counts
         for n in counts:
-            lrs = torch.full((n,), cfg.lr)
-            _, _, warm, train_s = P.run(cfg, n, 0, lrs, mode == "jit", False, driver)
+            with DEVICE:  # every tensor the run makes, on BENCH_DEVICE (the baseline: CPU)
+                lrs = torch.full((n,), cfg.lr)
+                _, _, warm, train_s = P.run(cfg, n, 0, lrs, mode == "jit", False, driver)
             rate = n * steps / train_s
             label = "functd, fd.vmap" + (" + fd.jit" if mode == "jit" else " (eager)")
+            label += ", GPU" if ON_GPU else ""
             rows.append([label, n, train_s, warm, rate, rate / base_rate])
             print(f"{label}, {n} agents: {train_s:.2f} s (+{warm:.2f} s)", flush=True)
     if args.jax_python:

@@ -417,7 +417,7 @@ def run(
     runner = init(agent_keys(seed, agents), lrs)
     t0 = time.perf_counter()
     # warm-up (under --jit: the one compile); the run below starts from the same runner
-    step(runner)
+    _synchronize(step(runner))
     compile_s = time.perf_counter() - t0
     history = []
     bar = _progress(cfg.num_updates, progress)
@@ -426,10 +426,18 @@ def run(
         runner, metrics = step(runner)
         history.append(metrics)
         bar.update(1, runner)
+    _synchronize(runner)
     train_s = time.perf_counter() - t0
     bar.close()
     hist = {k: torch.stack([m[k] for m in history], 1) for k in history[0]}
     return runner, hist, compile_s, train_s
+
+
+def _synchronize(tree: Any) -> None:
+    """Wait for the GPU when ``tree`` lives there (CUDA calls return before the work
+    is done, so a timer read without this measures the launches)."""
+    if any(t.is_cuda for t in fd.tree.leaves(tree)):
+        torch.cuda.synchronize()
 
 
 class _progress:
