@@ -32,8 +32,13 @@ _F32 = struct.Struct("f")
 
 
 def _unit(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
-    """jax's floats in [0, 1): random mantissa bits | exponent of 1.0, minus 1."""
-    nbits, nmant, itype = _FLOATS[dtype]
+    """jax's floats in [0, 1): random mantissa bits | exponent of 1.0, minus 1.
+
+    Outside the eager fast paths the mantissa ``m`` becomes ``m * 2**-nmant``, which
+    is the same number exactly (``m < 2**nmant`` fits the float's significand, and the
+    scale is a power of two) without a bit-cast: torch's vmap has no batching rule for
+    ``view(dtype)`` before torch 2.13, and the arithmetic compiles to the same kernel."""
+    nbits, nmant, _ = _FLOATS[dtype]
     if nbits >= 32:
         out = _fused.run(
             _fused.MODE_UNIT32 if nbits == 32 else _fused.MODE_UNIT64, key, shape, dtype
@@ -45,13 +50,13 @@ def _unit(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
         if plain_tensor(b):
             b.bitwise_right_shift_(9).bitwise_and_(0x7FFFFF).bitwise_or_(0x3F800000)
             return b.view(torch.float32).sub_(1.0)
-        b = ((b >> 9) & 0x7FFFFF) | 0x3F800000
+        m = (b >> 9) & 0x7FFFFF
     elif nbits == 64:
-        b = ((random_bits(key, 64, shape) >> 12) & ((1 << 52) - 1)) | 0x3FF0000000000000
+        m = (random_bits(key, 64, shape) >> 12) & ((1 << 52) - 1)
     else:  # bfloat16 (7 mantissa bits) uses 8 random bits, like jax
-        rng_bits, one = (8, 0x3F80) if dtype == torch.bfloat16 else (16, 0x3C00)
-        b = ((random_bits(key, rng_bits, shape) >> (rng_bits - nmant)) | one).to(itype)
-    return b.view(dtype) - 1.0
+        rng_bits = 8 if dtype == torch.bfloat16 else 16
+        m = random_bits(key, rng_bits, shape) >> (rng_bits - nmant)
+    return m.to(dtype) * 2.0**-nmant
 
 
 def _scaled(u: Tensor, lo: Tensor, hi: Tensor, exact: bool = False) -> Tensor:

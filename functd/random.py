@@ -296,7 +296,7 @@ def fold_in(key: Tensor, data: int | Tensor) -> Tensor:
     elif hash_small_ok(key, 1):
         return torch.stack(hash_small(key, [data], ()), dim=-1)
     else:
-        d = to_i32(torch.tensor(data, dtype=torch.int64, device=key.device))
+        d = to_i32(_const(data, torch.int64, key.device))
     b0, b1 = torch.broadcast_tensors(*threefry2x32(key[..., 0], key[..., 1], None, d))
     return torch.stack([b0, b1], dim=-1)
 
@@ -326,12 +326,19 @@ def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Te
     return out if dtype == signed else out.view(dtype)
 
 
+def _const(v: float, dtype: torch.dtype, device) -> Tensor:
+    """A 0-d tensor of ``v``, made where it is used by a fill kernel: ``torch.tensor``
+    would copy it from the host, which a CUDA graph cannot record (``fd.cuda_graph``).
+    The value is ``torch.tensor(v, dtype=dtype)``'s (one rounding to ``dtype``)."""
+    return torch.full((), v, dtype=dtype, device=device)
+
+
 def _param(fn: str, name: str, v: float | Tensor, dtype: torch.dtype, device) -> Tensor:
     if isinstance(v, Tensor):
         return v.to(device=device, dtype=dtype)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise TypeError(f"{fn}: `{name}` must be a number or a tensor, got {v!r}.")
-    return torch.tensor(v, dtype=dtype, device=device)
+    return _const(v, dtype, device)
 
 
 def uniform(
@@ -396,7 +403,7 @@ def normal(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
         # (nextafter(-1, 0) and 1 - nextafter(-1, 0) == 2 are exact in float32)
         u.mul_(2.0).add_(_NEXT_M1).clamp_min_(_NEXT_M1)
         return erfinv32(u).mul_(_SQRT2_32)
-    one = torch.tensor(1.0, dtype=dtype, device=key.device)
+    one = _const(1.0, dtype, key.device)
     lo = torch.nextafter(-one, torch.zeros_like(one))
     return sqrt2_erfinv(_scaled(u, lo, one, exact=True), dtype)
 
@@ -424,7 +431,7 @@ def gumbel(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.float32) -
         u = _fused.run(_fused.MODE_AFFINE32, key, shape, dtype, 1.0, torch.finfo(dtype).tiny)
         if u is not None:
             return u.log_().neg_().log_().neg_()
-    tiny = torch.tensor(torch.finfo(dtype).tiny, dtype=dtype, device=key.device)
+    tiny = _const(torch.finfo(dtype).tiny, dtype, key.device)
     u = _scaled(_unit(key, shape, dtype), tiny, torch.ones_like(tiny), exact=True)
     return u.log_().neg_().log_().neg_() if plain_tensor(u) else -torch.log(-torch.log(u))
 
@@ -483,10 +490,10 @@ def truncated_normal(
         shape = tuple(torch.broadcast_shapes(lo.shape, hi.shape))
     shape = _check_shape("truncated_normal", shape)
     _check_broadcast("truncated_normal", shape, lo.shape, hi.shape)
-    sqrt2 = torch.tensor(math.sqrt(2.0), dtype=dtype, device=key.device)
+    sqrt2 = _const(math.sqrt(2.0), dtype, key.device)
     a, b = torch.erf(lo / sqrt2), torch.erf(hi / sqrt2)
     out = sqrt2_erfinv(_scaled(_unit(key, shape, dtype), a, b), dtype)
-    inf = torch.tensor(math.inf, dtype=dtype, device=key.device)
+    inf = _const(math.inf, dtype, key.device)
     return torch.clamp(out, torch.nextafter(lo, inf), torch.nextafter(hi, -inf))
 
 
@@ -510,7 +517,7 @@ def bernoulli(key: Tensor, p: float | Tensor = 0.5, shape: Shape | None = None) 
     elif isinstance(p, bool) or not isinstance(p, (int, float)):
         raise TypeError(f"bernoulli: `p` must be a float or a floating tensor, got {p!r}.")
     else:
-        p = torch.tensor(float(p), dtype=torch.get_default_dtype(), device=key.device)
+        p = _const(float(p), torch.get_default_dtype(), key.device)
     _check_float("bernoulli", p.dtype, "the dtype of `p`")
     shape = tuple(p.shape) if shape is None else _check_shape("bernoulli", shape)
     _check_broadcast("bernoulli", shape, p.shape)
@@ -558,7 +565,7 @@ def _int_param(name: str, v: int | Tensor, device) -> Tensor:
         raise TypeError(f"randint: `{name}` must be an int or an integer tensor, got {v!r}.")
     if not _MIN64 <= v <= _MAX64:
         raise ValueError(f"randint: `{name}` must fit in int64, got {v}.")
-    return torch.tensor(v, dtype=torch.int64, device=device)
+    return _const(v, torch.int64, device)
 
 
 def randint(

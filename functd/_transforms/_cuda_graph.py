@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import optree
 import torch
+from torch.distributions import Distribution
 
 from .._td._tree import NAMESPACE
 from ._paths import fmt_call_path
@@ -80,9 +81,21 @@ class _CudaRecorder:
 
     @staticmethod
     def record(f: Callable, args: tuple, kwargs: dict, device: torch.device):
+        """Record ``f``. Distributions' argument checks are off while recording: they
+        read a result on the host, which a capture forbids, and a replay could not
+        check anything anyway (the warm-up calls, run eagerly, do check). A function
+        that only makes views records an empty graph, which is right: torch's warning
+        about it (a capture on the wrong stream) cannot apply to this recorder's."""
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.device(device), torch.cuda.graph(graph):
-            out = f(*args, **kwargs)
+        validate = Distribution._validate_args
+        Distribution.set_default_validate_args(False)
+        try:
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
+                with torch.cuda.device(device), torch.cuda.graph(graph):
+                    out = f(*args, **kwargs)
+        finally:
+            Distribution.set_default_validate_args(validate)
         return graph.replay, out
 
 

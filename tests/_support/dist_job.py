@@ -30,7 +30,10 @@ def launch(worker: str | os.PathLike, world: int, out: Path, *extra: str, timeou
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    # the repo first, then whatever the caller's PYTHONPATH already held (packages
+    # installed outside site-packages, as on some GPU machines)
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1")
     args = [str(world), str(port), str(out), *extra]
     procs = [
         subprocess.Popen(
