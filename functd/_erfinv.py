@@ -65,7 +65,7 @@ def erfinv32(x: Tensor) -> Tensor:
 
 def sqrt2_erfinv(u: Tensor, dtype: torch.dtype) -> Tensor:
     """``sqrt(2) * erf_inv(u)`` as jax computes it (16-bit floats via float32, like XLA)."""
-    sqrt2 = torch.tensor(math.sqrt(2.0), dtype=dtype, device=u.device)
+    sqrt2 = torch.full((), math.sqrt(2.0), dtype=dtype, device=u.device)  # no host copy
     if dtype == torch.float64:
         return torch.erfinv(u) * sqrt2
     z = erfinv32(u.float()).to(dtype)

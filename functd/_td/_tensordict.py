@@ -512,7 +512,9 @@ def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
 def from_parts(data: dict, batch_size: torch.Size) -> TensorDict:
     """Build without validation (internal: the caller guarantees the invariants)."""
     if is_dynamo_compiling():
-        td = alloc_uninit(TensorDict)
+        # spelled out, not through the alias: dynamo before torch 2.13 traces the
+        # literal ``object.__new__(cls)`` but not the same builtin under another name
+        td = object.__new__(TensorDict)
         _init_traceable(td, data, batch_size)
         return td
     return new_unchecked(data, batch_size)

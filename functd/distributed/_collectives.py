@@ -34,7 +34,7 @@ from .._td import TensorDict
 from .._td._tree import tree as fdtree
 from .._td._tree import unflatten_like
 from ._faults import failed
-from ._group import check_structure, resolve
+from ._group import all_gather_single, check_structure, reduce_scatter_single, resolve
 
 __all__ = ["all_gather", "all_reduce", "broadcast", "reduce_scatter"]
 
@@ -364,7 +364,7 @@ def all_gather(
         flat = _pack(leaves, b) if len(b.idx) > 1 else leaves[b.idx[0]].reshape(-1)
         every = torch.empty(world * b.numel, dtype=flat.dtype, device=flat.device)
         pairs.append((every, flat.contiguous()))
-    _issue(where, dist.all_gather_single, pairs, group=g)
+    _issue(where, all_gather_single, pairs, group=g)
     gathered = [every for every, _ in pairs]
     for every, b in zip(gathered, buckets):
         _unpack(every.view(world, b.numel), b, out, (world,))
@@ -424,7 +424,7 @@ def reduce_scatter(
         if op == "mean" and world > 1:
             flat.div_(world)
         pairs.append((torch.empty(s.numel, dtype=flat.dtype, device=flat.device), flat))
-    _issue(where, dist.reduce_scatter_single, pairs, rop, group=g)
+    _issue(where, reduce_scatter_single, pairs, rop, group=g)
     results = [mine for mine, _ in pairs]
     for mine, s in zip(results, shards):
         _unpack(mine, s, out)

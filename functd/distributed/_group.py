@@ -28,6 +28,15 @@ import torch.distributed as dist
 
 from ._faults import failed
 
+# torch 2.13 named these all_gather_single and reduce_scatter_single and deprecated the
+# old names (all_gather_into_tensor, reduce_scatter_tensor), which older torch has alone
+all_gather_single = getattr(dist, "all_gather_single", None) or getattr(
+    dist, "all_gather_into_tensor", None
+)
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or getattr(
+    dist, "reduce_scatter_tensor", None
+)
+
 __all__ = [
     "check_structure",
     "describe",
@@ -113,7 +122,7 @@ def check_structure(
     every = torch.empty(world, dtype=torch.int64, device=mine.device)
     started = time.monotonic()
     try:
-        dist.all_gather_single(every, mine, group=group)
+        all_gather_single(every, mine, group=group)
     except RuntimeError as e:
         raise failed(where, "all_gather", e, started) from e
     if bool((every == every[0]).all()):
@@ -177,7 +186,7 @@ def gather_ints(where: str, group: Any, world: int, values: list[int]) -> list[l
     every = torch.empty(world * len(values), dtype=torch.int64, device=mine.device)
     started = time.monotonic()
     try:
-        dist.all_gather_single(every, mine, group=group)
+        all_gather_single(every, mine, group=group)
     except RuntimeError as e:
         raise failed(where, "all_gather", e, started) from e
     return every.view(world, len(values)).tolist()

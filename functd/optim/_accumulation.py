@@ -55,7 +55,11 @@ def _ms_update(updates, state, params=None, *, name: str, inner, every_k, mean, 
     d = state._data
     mini, step = d["mini_step"], d["gradient_step"]
     k = every_k(step) if callable(every_k) else every_k
-    k = torch.as_tensor(k, dtype=mini.dtype, device=mini.device)
+    k = (  # a fill, not a host copy, for an int: it can be recorded by fd.cuda_graph
+        k.to(dtype=mini.dtype, device=mini.device)
+        if isinstance(k, torch.Tensor)
+        else torch.full((), k, dtype=mini.dtype, device=mini.device)
+    )
     acc_old = L.checked_leaves(where, "opt_state['acc_grads']", d["acc_grads"])[0]
     if mean:  # Welford's running mean, as optax
         n = (mini + 1).to(L.scalar_dtype(g))
