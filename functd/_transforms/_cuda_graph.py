@@ -340,7 +340,9 @@ def cuda_graph(
     starts a warm-up of its own. The caller's tensors are read, never written.
 
     Without CUDA (or with every input on the CPU) ``f`` runs eagerly, and a
-    :class:`CudaGraphWarning` says so once per wrapper.
+    :class:`CudaGraphWarning` says so once per wrapper. While it records, torch
+    distributions do not check their arguments (a check reads a result on the
+    host, which a recording forbids); the warm-up calls check them.
 
     Args:
         f: the function; ``cuda_graph(warmup=3)`` without ``f`` gives a decorator.
