@@ -461,3 +461,42 @@ def test_jit_inductor_hoisted_and_kept_invariant_carries_run_many_steps():
 
     vd = fd.vmap(doubled)
     assert_close(fd.jit(vd)(w, h0, xs), vd(w, h0, xs), rtol=1e-5, atol=1e-5)
+
+
+def test_jit_vmapped_scan_keeps_the_batch_dim_first_in_memory(monkeypatch):
+    """Under fd.vmap the op's carries keep the batch dim outermost in memory (torch's
+    own rule for the op puts it last), so a batched matmul of the step reads them in
+    place: at 64 PPO agents a third of an update was transposing copies. Values equal
+    the per-member loop, carries and stacked outputs."""
+    import functd._transforms._jit as jit_module
+
+    traced = []
+    real = jit_module.trace
+    monkeypatch.setattr(
+        jit_module, "trace", lambda *a, **k: traced.append(real(*a, **k)) or traced[-1]
+    )
+
+    def member(w, h0, xs):
+        def step(c, x):  # w in the carry: a closure over a mapped tensor (notes/transforms.md)
+            h, m, w = c
+            h = torch.tanh(h @ w + x)
+            return (h, 0.9 * m + h, w), h.sum(-1)
+
+        return fd.scan(step, (h0, torch.zeros_like(h0), w), xs)
+
+    w, h0, xs = (
+        torch.randn(6, 5, 5, dtype=D),
+        torch.randn(6, 3, 5, dtype=D),
+        torch.randn(6, 4, 3, 5, dtype=D),
+    )
+    got = fd.jit(fd.vmap(member), backend="fx")(w, h0, xs)
+    want = [member(w[i], h0[i], xs[i]) for i in range(6)]
+    assert_close(
+        got, torch.utils._pytree.tree_map(lambda *t: torch.stack(t), *want), rtol=1e-12, atol=1e-12
+    )
+    (node,) = traced[0].gm.graph.find_nodes(op="call_function", target=torch.ops.higher_order.scan)
+    carries = node.args[1]  # (w, hoisted out of the carry: an input of the op)
+    assert len(carries) == 2
+    for carry in carries:
+        val = carry.meta["val"]
+        assert val.shape[0] == 6 and val.is_contiguous(), (val.shape, val.stride())

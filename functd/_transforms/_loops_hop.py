@@ -175,6 +175,9 @@ def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     if _under_grad():
         _warn("it is inside fd.grad / torch.func.grad, which has no rule for it", n, _GRAD_FIX)
         return None
+    vmap = _vmap_on_top()
+    if vmap is not None:
+        return _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
     box: list = []
     body = _body(f, init_leaves, init_spec, xs_spec, box)
     graph = tracer.fx_tracer.graph
@@ -190,6 +193,75 @@ def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     if len(new) == 1:  # (one op traced, as always: else the carries stay as they are)
         out = hoist_invariants(tracer.fx_tracer, new[0], out, init_leaves)
     return _finish(out, init_spec, box[-1], len(init_leaves), reverse)
+
+
+def _vmap_on_top() -> Any:
+    """The innermost functorch transform when it is a vmap, else None."""
+    from torch._functorch.pyfunctorch import coerce_cinterpreter
+
+    top = _F.peek_interpreter_stack()
+    if top is None or top.key() != _F.TransformType.Vmap:
+        return None
+    return coerce_cinterpreter(top)
+
+
+def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
+    """The loop under ``vmap`` with the batch dim of every carry first (and of every x
+    and y second, after the step dim): functd's vmap rule for the op, in place of torch's,
+    which moves it last. A carry is one tensor from step to step, whose layout the op
+    fixes; with the batch dim last, every batched matmul of the step (a layer over the
+    ensemble's members) needs a transposing copy of its weights, and every update of a
+    weight, gradient or optimizer moment a transposing write back: at 64 PPO agents
+    most of the learning loop's time beyond the matmuls (notes/compile.md). The loop
+    below runs one vmap level lower (nested vmaps: one level at a time), the step
+    rewrapped with ``restore_vmap`` as torch's own rule does."""
+    from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
+
+    level, size = vmap.level(), vmap.batch_size()
+    (c0, x0), (c_dims, x_dims) = unwrap_batched((list(init_leaves), list(xs_leaves)), level)
+    c0 = [_at(t, d, 0, size) for t, d in zip(c0, c_dims)]  # every carry batched
+    x0 = [t if d is None else t.movedim(d, 1) for t, d in zip(x0, x_dims)]
+    x_in = [None if d is None else 0 for d in x_dims]  # a step's slice: dim 0
+    box: list = []
+
+    def step(c: list, x: list | None):
+        def batched(cs: list, xl: list):
+            out = f(
+                optree.tree_unflatten(init_spec, cs),
+                None if xs_spec is None else optree.tree_unflatten(xs_spec, xl),
+            )
+            new, y = _split(out)
+            ys, spec = y_leaves(y)
+            box.append(spec)
+            return check_carry(init_spec, init_leaves, new), ys
+
+        (cs, ys), (cd, yd) = restore_vmap(batched, ([0] * len(c), x_in), size, vmap.randomness())(
+            c, x if x is not None else []
+        )
+        return [_at(t, d, 0, size) for t, d in zip(cs, cd)], [
+            _at(t, d, 0, size) for t, d in zip(ys, yd)
+        ]
+
+    with vmap.lower():
+        leaves, spec = optree.tree_flatten(c0, namespace=NAMESPACE)
+        xs = None if xs_spec is None else x0
+        x_leaves, x_spec = (
+            (None, None) if xs is None else optree.tree_flatten(xs, namespace=NAMESPACE)
+        )
+        out = scan_compiled(step, c0, leaves, spec, x_leaves or [], x_spec, n, reverse)
+    if out is None:
+        return None
+    carry, ys = out
+    carry = wrap_batched((list(carry),), (0,), level)[0]
+    ys = wrap_batched((list(ys),), (1,), level)[0]
+    return optree.tree_unflatten(init_spec, list(carry)), optree.tree_unflatten(box[-1], list(ys))
+
+
+def _at(t: Tensor, d: int | None, dim: int, size: int) -> Tensor:
+    """``t``'s batch dim (``d``; None: unbatched, broadcast) moved to ``dim``."""
+    if d is None:
+        return t.unsqueeze(dim).expand(*t.shape[:dim], size, *t.shape[dim:])
+    return t.movedim(d, dim)
 
 
 def _under_grad() -> bool:
