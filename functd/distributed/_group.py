@@ -28,14 +28,16 @@ import torch.distributed as dist
 
 from ._faults import failed
 
-# torch 2.13 named these all_gather_single and reduce_scatter_single and deprecated the
-# old names (all_gather_into_tensor, reduce_scatter_tensor), which older torch has alone
-all_gather_single = getattr(dist, "all_gather_single", None) or getattr(
-    dist, "all_gather_into_tensor", None
-)
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or getattr(
-    dist, "reduce_scatter_tensor", None
-)
+
+def _named(new: str, old: str) -> Any:
+    """torch's collective ``new``, or ``old`` on a torch that predates the name (torch
+    2.13 named all_gather_single and reduce_scatter_single and deprecated the old
+    names, all_gather_into_tensor and reduce_scatter_tensor)."""
+    return getattr(dist, new, None) or getattr(dist, old, None)
+
+
+all_gather_single = _named("all_gather_single", "all_gather_into_tensor")
+reduce_scatter_single = _named("reduce_scatter_single", "reduce_scatter_tensor")
 
 __all__ = [
     "check_structure",
