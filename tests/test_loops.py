@@ -500,3 +500,82 @@ def test_jit_vmapped_scan_keeps_the_batch_dim_first_in_memory(monkeypatch):
     for carry in carries:
         val = carry.meta["val"]
         assert val.shape[0] == 6 and val.is_contiguous(), (val.shape, val.stride())
+
+
+def _mixed(h0, xs, c):
+    """A loop whose carry mixes a mapped h0 with an unmapped constant start (c), with
+    a y that does not depend on the member (the step count)."""
+
+    def step(carry, x):
+        h, k = carry
+        h = torch.tanh(h * 0.5 + x + c)
+        return (h, k + 1.0), {"h": h, "k": k}
+
+    return fd.scan(step, (h0, torch.zeros(())), xs)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["xs_dim1", "unmapped_init_and_y", "reverse", "fori_loop", "no_xs", "vmap_of_vmap"],
+)
+def test_jit_vmapped_loops_equal_eager_in_every_batching_pattern(case):
+    """functd's vmap rule for the op (batch dim first) against the eager Python loop
+    under fd.vmap, for the batching patterns the rule has to place: a mapped x at
+    another dim, unmapped carries and ys (broadcast), reverse, fori_loop, a loop
+    without xs, and two vmap levels."""
+    h0, xs, c = torch.randn(4, 3, dtype=D), torch.randn(4, 5, 3, dtype=D), torch.randn(3, dtype=D)
+    if case == "xs_dim1":
+        f, args = fd.vmap(_mixed, in_dims=(0, 1, None)), (h0, xs.movedim(0, 1), c)
+    elif case == "unmapped_init_and_y":
+        f, args = fd.vmap(_mixed, in_dims=(None, 0, None)), (h0[0], xs, c)
+    elif case == "reverse":
+
+        def rev(h0, xs):
+            return fd.scan(lambda h, x: (h * x + 1.0, h.sum()), h0, xs, reverse=True)
+
+        f, args = fd.vmap(rev), (h0, xs)
+    elif case == "fori_loop":
+
+        def fl(h0):
+            return fd.fori_loop(0, 6, lambda i, h: torch.sin(h) + i.to(h.dtype), h0)
+
+        f, args = fd.vmap(fl), (h0,)
+    elif case == "no_xs":
+
+        def nx(h0):
+            return fd.scan(lambda h, _: (h.flip(-1) * 0.9, h[0]), h0, None, length=7)
+
+        f, args = fd.vmap(nx), (h0,)
+    else:
+        inner = fd.vmap(_mixed, in_dims=(0, 0, None))
+        f = fd.vmap(inner, in_dims=(0, 0, None))
+        shift = torch.arange(2, dtype=D)[:, None, None, None]
+        args = (h0.expand(2, 4, 3).clone(), xs.expand(2, 4, 5, 3) + shift, c)
+    assert_close(fd.jit(f, backend="fx")(*args), f(*args), rtol=1e-12, atol=1e-12)
+
+
+def test_jit_vmapped_scan_closing_over_a_mapped_tensor_says_what_to_do():
+    """A step closing over a tensor fd.vmap maps cannot be traced as one loop (torch's
+    vmap machinery for the op has no place for it); the error names it and the fix,
+    and the fix (the tensor in the carry) gives the per-member loop's values."""
+
+    def member(w, h0, xs):
+        return fd.scan(lambda h, x: (torch.tanh(h @ w + x), h.sum()), h0, xs)
+
+    def member_fixed(w, h0, xs):
+        def step(c, x):
+            h, w = c
+            return (torch.tanh(h @ w + x), w), h.sum()
+
+        (h, _), ys = fd.scan(step, (h0, w), xs)
+        return h, ys
+
+    w, h0, xs = (
+        torch.randn(4, 3, 3, dtype=D),
+        torch.randn(4, 3, dtype=D),
+        torch.randn(4, 5, 3, dtype=D),
+    )
+    with pytest.raises(TypeError, match=r"the step closes over 'w', a tensor that fd.vmap maps"):
+        fd.jit(fd.vmap(member), backend="fx")(w, h0, xs)
+    got = fd.jit(fd.vmap(member_fixed), backend="fx")(w, h0, xs)
+    assert_close(got, fd.vmap(member)(w, h0, xs), rtol=1e-12, atol=1e-12)

@@ -218,6 +218,9 @@ def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse
     from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
 
     level, size = vmap.level(), vmap.batch_size()
+    mapped = _mapped_closures(f, level)
+    if mapped:
+        raise TypeError(MAPPED_CLOSURE.format(names=", ".join(repr(m) for m in mapped)))
     (c0, x0), (c_dims, x_dims) = unwrap_batched((list(init_leaves), list(xs_leaves)), level)
     c0 = [_at(t, d, 0, size) for t, d in zip(c0, c_dims)]  # every carry batched
     x0 = [t if d is None else t.movedim(d, 1) for t, d in zip(x0, x_dims)]
@@ -255,6 +258,54 @@ def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse
     carry = wrap_batched((list(carry),), (0,), level)[0]
     ys = wrap_batched((list(ys),), (1,), level)[0]
     return optree.tree_unflatten(init_spec, list(carry)), optree.tree_unflatten(box[-1], list(ys))
+
+
+MAPPED_CLOSURE = (
+    "fd.scan under fd.vmap inside fd.jit: the step closes over {names}, a tensor that "
+    "fd.vmap maps; torch cannot trace a loop over it. Pass it in the carry (e.g. "
+    "carry=(h, w), returned unchanged): when it is an input of the jitted function, "
+    "the loop takes it back out of the carry, so this costs nothing."
+)
+
+
+def _mapped_closures(f: Any, level: int, depth: int = 0) -> list[str]:
+    """Names of the tensors mapped at vmap ``level`` that ``f`` closes over (through
+    containers and TensorDicts, ``functools.partial`` and closures of closures)."""
+    import functools
+
+    found: list[str] = []
+    if depth > 4:
+        return found
+    if isinstance(f, functools.partial):
+        values = [("argument", v) for v in (*f.args, *f.keywords.values())]
+        return found + _mapped_in(values, level) + _mapped_closures(f.func, level, depth + 1)
+    code, cells = getattr(f, "__code__", None), getattr(f, "__closure__", None)
+    if code is None or not cells:
+        return found
+    for name, cell in zip(code.co_freevars, cells):
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell (a name not bound yet)
+            continue
+        if callable(value) and not isinstance(value, Tensor):
+            found += _mapped_closures(value, level, depth + 1)
+        else:
+            found += _mapped_in([(name, value)], level)
+    return found
+
+
+def _mapped_in(values: list, level: int) -> list[str]:
+    out = []
+    for name, value in values:
+        for leaf in optree.tree_leaves(value, namespace=NAMESPACE):
+            if (
+                isinstance(leaf, Tensor)
+                and _F.is_batchedtensor(leaf)
+                and _F.maybe_get_level(leaf) == level
+            ):
+                out.append(name)
+                break
+    return out
 
 
 def _at(t: Tensor, d: int | None, dim: int, size: int) -> Tensor:
