@@ -212,7 +212,7 @@ def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse
     fixes; with the batch dim last, every batched matmul of the step (a layer over the
     ensemble's members) needs a transposing copy of its weights, and every update of a
     weight, gradient or optimizer moment a transposing write back: at 64 PPO agents
-    most of the learning loop's time beyond the matmuls (notes/compile.md). The loop
+    most of the learning loop's time beyond the matmuls (notes/transforms.md). The loop
     below runs one vmap level lower (nested vmaps: one level at a time), the step
     rewrapped with ``restore_vmap`` as torch's own rule does."""
     from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
