@@ -31,9 +31,9 @@ from typing import Any, NamedTuple
 
 import optree
 import torch
-from torch.distributions import Distribution
 
 from .._td._tree import NAMESPACE
+from ._jit_trace import distribution_checks_off
 from ._paths import fmt_call_path
 from ._signature import Flat, signature, unhashable
 
@@ -87,15 +87,10 @@ class _CudaRecorder:
         that only makes views records an empty graph, which is right: torch's warning
         about it (a capture on the wrong stream) cannot apply to this recorder's."""
         graph = torch.cuda.CUDAGraph()
-        validate = Distribution._validate_args
-        Distribution.set_default_validate_args(False)
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
-                with torch.cuda.device(device), torch.cuda.graph(graph):
-                    out = f(*args, **kwargs)
-        finally:
-            Distribution.set_default_validate_args(validate)
+        with distribution_checks_off(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
+            with torch.cuda.device(device), torch.cuda.graph(graph):
+                out = f(*args, **kwargs)
         return graph.replay, out
 
 

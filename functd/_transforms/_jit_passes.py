@@ -3,9 +3,10 @@ operands, and copying views become views and a copy inductor can fuse.
 
 Inductor lays out an intermediate buffer as it likes, and a buffer it feeds to ATen's
 ``bmm`` (``extern_kernels.bmm``, which states no stride requirement) gets the order
-that suits the kernel writing it. Under ``fd.vmap`` inside a loop (``fd.scan``:
-torch's scan op keeps each carry's mapped dim last in memory) that order puts the
-batch dim last, e.g. ``(64, 4, 64)`` with strides ``(1, 64, 256)``; ATen's ``bmm`` then
+that suits the kernel writing it. Under ``fd.vmap`` inside a loop (``fd.scan``; with
+torch's vmap rule for the scan op, which keeps each carry's mapped dim last in memory,
+before functd's own rule kept it first) that order can put the batch dim last, e.g.
+``(64, 4, 64)`` with strides ``(1, 64, 256)``; ATen's ``bmm`` then
 runs one ``mm`` per batch element on copied slices (PPO's rollout at 64 agents: 484 ms
 compiled against 275 ms eager; notes/ppo.md). This pass routes each operand of a
 ``bmm`` with a batch of more than one through inductor's own

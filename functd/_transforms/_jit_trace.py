@@ -161,18 +161,30 @@ class Traced:
 
 
 @contextlib.contextmanager
-def _tracing() -> Iterator[None]:
-    """``torch.compiler.is_compiling()`` True (as torch.export's non-strict trace sets
-    it) and torch.distributions' value checks off (as torch.compile turns them off)."""
+def distribution_checks_off() -> Iterator[None]:
+    """torch.distributions' argument checks off for the block, restored after: a check
+    reads a result on the host, which neither a trace (fd.jit) nor a CUDA graph
+    recording (fd.cuda_graph) can do; torch.compile turns them off the same way."""
     D = torch.distributions.Distribution
-    compiling, validate = torch.compiler._is_compiling_flag, D._validate_args
-    torch.compiler._is_compiling_flag = True
-    D._validate_args = False
+    validate = D._validate_args
+    D.set_default_validate_args(False)
     try:
         yield
     finally:
+        D.set_default_validate_args(validate)
+
+
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """``torch.compiler.is_compiling()`` True (as torch.export's non-strict trace sets
+    it) and torch.distributions' value checks off."""
+    compiling = torch.compiler._is_compiling_flag
+    torch.compiler._is_compiling_flag = True
+    try:
+        with distribution_checks_off():
+            yield
+    finally:
         torch.compiler._is_compiling_flag = compiling
-        D._validate_args = validate
 
 
 def _fakes(tensors: list[Tensor], dyn: tuple | None):

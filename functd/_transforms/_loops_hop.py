@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -104,7 +105,7 @@ def _body(f, init_leaves, init_spec, xs_spec, box: list | None):
         if box is None:  # dynamo
             return [v.clone() for v in c] + [v.clone() for v in ys]
         box.append(spec)
-        return [_bdim_last(_canonical(v)) for v in c] + [_canonical(v) for v in ys]
+        return [_canonical(v) for v in (*c, *ys)]
 
     return body
 
@@ -118,20 +119,6 @@ def _canonical(t: Tensor) -> Tensor:
     the strides of each carry in and out, size-1 dims included, and a plain clone keeps
     whatever layout a transpose left."""
     return t.clone(memory_format=_CONTIGUOUS)
-
-
-def _bdim_last(t: Tensor) -> Tensor:
-    """``t`` with the vmap dim of each level last and contiguous underneath: torch's
-    vmap rule for the op moves each carry's batch dim last, and the op then requires the
-    same strides for the carry in and out, which this layout gives both."""
-    if not _F.is_batchedtensor(t):
-        return t
-    level, bdim = _F.maybe_get_level(t), _F.maybe_get_bdim(t)
-    inner = _bdim_last(_F.get_unwrapped(t))
-    # a fresh tensor with the canonical strides (``.contiguous()`` keeps odd strides of
-    # size-1 dims, which the op compares between the carry in and out)
-    inner = inner.movedim(bdim, -1).clone(memory_format=torch.contiguous_format)
-    return _F._add_batch_dim(inner, inner.ndim - 1, level)
 
 
 def _finish(out: list, init_spec, y_spec, n_init: int, reverse: bool):
@@ -184,7 +171,7 @@ def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     before = _scan_nodes(graph)
     # fresh carries: the op refuses inputs that alias each other (a tree may hold one
     # tensor twice), and a copy per loop (not per step) costs nothing that matters
-    init_leaves = [_bdim_last(_canonical(v)) for v in init_leaves]
+    init_leaves = [_canonical(v) for v in init_leaves]
     out = scan_op(body, list(init_leaves), _inputs(init_leaves, xs_leaves, n, reverse), ())
     new = [m for m in _scan_nodes(graph) if m not in before]
     for node in new:
@@ -245,13 +232,10 @@ def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse
             _at(t, d, 0, size) for t, d in zip(ys, yd)
         ]
 
-    with vmap.lower():
-        leaves, spec = optree.tree_flatten(c0, namespace=NAMESPACE)
-        xs = None if xs_spec is None else x0
-        x_leaves, x_spec = (
-            (None, None) if xs is None else optree.tree_flatten(xs, namespace=NAMESPACE)
-        )
-        out = scan_compiled(step, c0, leaves, spec, x_leaves or [], x_spec, n, reverse)
+    with vmap.lower():  # the loop over flat lists of leaves, one level lower
+        c_spec = optree.tree_structure(c0, namespace=NAMESPACE)
+        x_spec = None if xs_spec is None else optree.tree_structure(x0, namespace=NAMESPACE)
+        out = scan_compiled(step, c0, c0, c_spec, x0, x_spec, n, reverse)
     if out is None:
         return None
     carry, ys = out
@@ -271,17 +255,15 @@ MAPPED_CLOSURE = (
 def _mapped_closures(f: Any, level: int, depth: int = 0) -> list[str]:
     """Names of the tensors mapped at vmap ``level`` that ``f`` closes over (through
     containers and TensorDicts, ``functools.partial`` and closures of closures)."""
-    import functools
-
-    found: list[str] = []
     if depth > 4:
-        return found
+        return []
     if isinstance(f, functools.partial):
         values = [("argument", v) for v in (*f.args, *f.keywords.values())]
-        return found + _mapped_in(values, level) + _mapped_closures(f.func, level, depth + 1)
+        return _mapped_in(values, level) + _mapped_closures(f.func, level, depth + 1)
     code, cells = getattr(f, "__code__", None), getattr(f, "__closure__", None)
     if code is None or not cells:
-        return found
+        return []
+    found: list[str] = []
     for name, cell in zip(code.co_freevars, cells):
         try:
             value = cell.cell_contents
