@@ -565,6 +565,47 @@ def test_row_major_bmm_pass_keeps_values_and_a_vmapped_loop_equals_eager():
     assert_close(fd.jit(f)(w, h0, xs), f(w, h0, xs), rtol=1e-5, atol=1e-5)
 
 
+def test_bmm_pass_keeps_a_transposed_operand_a_view_and_skips_its_copy():
+    """_jit_passes.RowMajorBmm leaves a batch-outer transposed operand (x @ W.T) as it
+    is stored, also through a row-major copy of it (a loop body's permute_copy): MKL
+    reads it with a transpose flag, where a row-major copy transposed every weight in
+    every loop step (PPO at 256 agents); the values stay."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from functd._transforms._jit_passes import RowMajorBmm
+
+    force = torch.ops.prims.inductor_force_stride_order.default
+
+    def f(x, w):
+        return torch.bmm(x, w.transpose(1, 2)), torch.bmm(x, w.transpose(1, 2).clone())
+
+    x, w = torch.randn(5, 3, 4), torch.randn(5, 6, 4)
+    gm = make_fx(f, tracing_mode="fake")(x, w)
+    RowMajorBmm()(gm.graph)
+    gm.recompile()
+    forced = [n for n in gm.graph.nodes if n.target is force]
+    assert len(forced) == 4
+    strides = sorted(tuple(n.args[1]) for n in forced)
+    assert strides == [(12, 4, 1)] * 2 + [(24, 1, 4)] * 2  # x row-major, w.T as stored
+    for n in forced:  # no clone feeds a matmul any more
+        assert n.args[0].target is not torch.ops.aten.clone.default
+    for got, want in zip(gm(x, w), f(x, w), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+    def run(w, h0, xs):  # under fd.vmap in fd.scan, as PPO's rollout: compiled == eager
+        def step(c, x):
+            h, w = c
+            h = torch.tanh(h @ w.T + x)
+            return (h, w), h
+
+        return fd.scan(step, (h0, w), xs)
+
+    torch.manual_seed(0)
+    g = fd.vmap(run)
+    args = torch.randn(8, 5, 5), torch.randn(8, 3, 5), torch.randn(8, 6, 3, 5)
+    assert_close(fd.jit(g)(*args), g(*args), rtol=1e-5, atol=1e-5)
+
+
 def test_copy_views_pass_leaves_no_copying_view_and_keeps_values():
     """_jit_passes.FuseCopyViews: select_copy / slice_copy / detach_copy (what a
     loop body of torch's scan op reaches inductor with, and which inductor ran as a
