@@ -95,9 +95,7 @@ class RowMajorBmm(CustomGraphPass):
 
 def _transposed(val: Any, m: int, k: int) -> bool:
     """Whether ``val`` ([b, m, k]) is batch-outer matrices stored column-major."""
-    return (
-        isinstance(val, torch.Tensor) and m > 1 and k > 1 and val.stride() == (m * k, 1, m)
-    )
+    return isinstance(val, torch.Tensor) and m > 1 and k > 1 and val.stride() == (m * k, 1, m)
 
 
 #: ops that give their input's values in the same shape (a copy at most)
