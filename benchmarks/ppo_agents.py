@@ -142,8 +142,8 @@ def main() -> None:
         driver = P.make_driver(cfg, jit=False)
         for n in counts:
             if mode == "jit":
-                # a fresh compile per agent count, as the command line gets it: one driver
-                # reused across counts recompiles with the agent dim symbolic, ~20% slower
+                # a fresh compile per agent count, as the command line gets it (one driver
+                # reused across counts recompiles with the agent dim symbolic)
                 driver = P.make_driver(cfg, jit=True)
             with DEVICE:  # every tensor the run makes, on BENCH_DEVICE (the baseline: CPU)
                 lrs = torch.full((n,), cfg.lr)
