@@ -75,22 +75,26 @@ class RowMajorBmm(CustomGraphPass):
                 # batch outer and each matrix dense, row-major or transposed: MKL reads
                 # either (a transpose flag), so a transposed view stays a view. Copying
                 # it row-major was a transpose of every weight in each step of a loop
-                # (x @ W.T; PPO at 256 agents: 4 MB a layer a rollout step)
-                # (also through copies of one: a loop body's ``permute_copy`` reaches the
+                # (x @ W.T; PPO at 256 agents: 4 MB a layer a rollout step). Also
+                # through copies of one (a loop body's ``permute_copy`` reaches the
                 # pass as a permute and a row-major ``clone``)
                 src = _unchanged_source(a, val.shape)
-                stride = [m * k, k, 1]
-                if _transposed(src.meta["val"], m, k):
-                    a, stride = src, [m * k, 1, m]
+                transposed = _transposed(src.meta["val"], m, k)
+                stride = [m * k, 1, m] if transposed else [m * k, k, 1]
+                if (transposed or src.meta["val"].stride() == tuple(stride)) and _input_view(src):
+                    # a view of an input has the layout it is given: the requirement
+                    # would copy it (inductor copies a loop body's input so, each step)
+                    node.replace_input_with(a, src)
+                    continue
                 with graph.inserting_before(node):
-                    view = graph.call_function(_FORCE_STRIDES, (a, stride))
+                    view = graph.call_function(_FORCE_STRIDES, (src if transposed else a, stride))
                 with detect_fake_mode([val]) or torch._subclasses.FakeTensorMode():
                     new = torch.empty_strided([b, m, k], stride, dtype=val.dtype, device=val.device)
                 view.meta["val"] = new
                 node.replace_input_with(a, view)
 
     def uuid(self) -> str:
-        return "functd-bmm-operands-3"
+        return "functd-bmm-operands-4"
 
 
 def _transposed(val: Any, m: int, k: int) -> bool:
@@ -106,6 +110,25 @@ _SAME_VALUES = {
     _aten.view.default,
     _aten.alias.default,
 }
+
+
+#: ops that view their input
+_VIEWS = {
+    _aten.permute.default,
+    _aten.transpose.int,
+    _aten.t.default,
+    _aten.expand.default,
+    _aten.view.default,
+    _aten.reshape.default,
+    _aten.alias.default,
+}
+
+
+def _input_view(a: torch.fx.Node) -> bool:
+    """Whether ``a`` is a graph input or views of one (``reshape`` as traced: a view)."""
+    while a.op == "call_function" and a.target in _VIEWS and isinstance(a.args[0], torch.fx.Node):
+        a = a.args[0]
+    return a.op == "placeholder"
 
 
 def _unchanged_source(a: torch.fx.Node, shape: Any) -> torch.fx.Node:
