@@ -1,5 +1,6 @@
-"""fd.jit's own passes over inductor's post-grad graph: batched matmuls get row-major
-operands, and copying views become views and a copy inductor can fuse.
+"""fd.jit's own passes over inductor's post-grad graph: batched matmuls get batch-outer
+operands (row-major or transposed), and copying views become views and a copy inductor
+can fuse.
 
 Inductor lays out an intermediate buffer as it likes, and a buffer it feeds to ATen's
 ``bmm`` (``extern_kernels.bmm``, which states no stride requirement) gets the order
@@ -14,6 +15,10 @@ compiled against 275 ms eager; notes/ppo.md). This pass routes each operand of a
 operand itself (or a row-major copy); in inductor, a requirement that the buffer be
 row-major (a copy only if it is not), so ``bmm`` runs one batched GEMM (the rollout:
 186 ms; an earlier ``clone`` + ``as_strided`` did the same by reinterpreting memory).
+An operand stored transposed with the batch outer (``x @ W.T``) keeps that layout
+(MKL reads it with a transpose flag), and a view of a graph input keeps the layout it is
+given, with no requirement: copying them row-major transposed or copied every weight in
+each step of PPO's rollout.
 ``tests/test_jit.py`` runs the rewritten graph and a compiled vmapped loop against
 eager.
 
