@@ -204,9 +204,10 @@ def test_config_refuses_too_few_steps():
 @pytest.mark.compile
 def test_fd_jit_of_the_vmapped_loss_gradient_equals_eager():
     """The compiled gradient of PPO's loss over 4 agents (one 128-row minibatch each,
-    float64) equals eager. With fd.jit's realize_opcount_threshold at 8, inductor
-    (torch 2.13) computed the actor's gradient wrong here (off by up to 100%) while
-    the loss and the critic's gradient were right (notes/compile.md)."""
+    float64) equals eager. With inductor's realize_opcount_threshold at 8 (fd.jit
+    pins 30), inductor (torch 2.13) computed the actor's gradient wrong here (off by
+    up to 100%) while the loss and the critic's gradient were right
+    (notes/compile.md)."""
     import functools
 
     cfg = P.Config(steps=512, dtype=F64)

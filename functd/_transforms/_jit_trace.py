@@ -429,14 +429,14 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
         # than a BLAS call (inductor's own pass, off by default): 3 addmm of the tutorial
         # block cost ~5 µs each in MKL's call overhead, the fused loops under 1 µs
         "post_grad_fusion_options": {"decompose_mm_pass": {}},
-        # a pointwise value whose expression passes 16 ops becomes a buffer (inductor's
-        # default: 30). functd.random's threefry is ~20 rounds of integer ops whose
-        # values feed two ops each: fused whole, inductor's code generator walks the
-        # chain again for every use, and one env step of examples/ppo_agents.py took
-        # 50 s to compile; with 16, 16 s, running as fast. Not 8 (14 s): with 8,
+        # inductor's default, pinned: a pointwise value whose expression passes 30 ops
+        # becomes a buffer. Lower compiles functd.random's threefry chains faster (one
+        # PPO env step: 17.7 s with 16, 22.3 s with 30) but stores more of them: every
+        # stored value is a buffer allocated in each step of a loop, and PPO's
+        # one-agent update ran 18% slower with 16 (notes/compile.md). With 8,
         # inductor 2.13 computed PPO's vmapped loss gradient wrong (actor grads off by
-        # up to 100%; notes/compile.md), a test pins it
-        "realize_opcount_threshold": 16,
+        # up to 100%); a test pins it
+        "realize_opcount_threshold": 30,
         # copying views fused (not a fallback call each), batched matmuls on row-major
         # operands (one GEMM, not one mm per batch element): _jit_passes.py
         "post_grad_custom_post_pass": PostGrad(),
