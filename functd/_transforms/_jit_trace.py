@@ -437,7 +437,7 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
         # inductor 2.13 computed PPO's vmapped loss gradient wrong (actor grads off by
         # up to 100%); a test pins it
         "realize_opcount_threshold": 30,
-        # copying views fused (not a fallback call each), batched matmuls on row-major
+        # copying views fused (not a fallback call each), batched matmuls on batch-outer
         # operands (one GEMM, not one mm per batch element): _jit_passes.py
         "post_grad_custom_post_pass": PostGrad(),
         # a batch-one bmm as an mm, so the decomposition above keeps to one-row mms
