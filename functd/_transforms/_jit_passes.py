@@ -99,12 +99,12 @@ class RowMajorBmm(CustomGraphPass):
                 node.replace_input_with(a, view)
 
     def uuid(self) -> str:
-        return "functd-bmm-operands-4"
+        return "functd-bmm-operands-5"
 
 
-def _transposed(val: Any, m: int, k: int) -> bool:
+def _transposed(val: torch.Tensor, m: int, k: int) -> bool:
     """Whether ``val`` ([b, m, k]) is batch-outer matrices stored column-major."""
-    return isinstance(val, torch.Tensor) and m > 1 and k > 1 and val.stride() == (m * k, 1, m)
+    return m > 1 and k > 1 and val.stride() == (m * k, 1, m)
 
 
 #: ops that give their input's values in the same shape (a copy at most)
@@ -117,21 +117,14 @@ _SAME_VALUES = {
 }
 
 
-#: ops that view their input
-_VIEWS = {
-    _aten.permute.default,
-    _aten.transpose.int,
-    _aten.t.default,
-    _aten.expand.default,
-    _aten.view.default,
-    _aten.reshape.default,
-    _aten.alias.default,
-}
-
-
 def _input_view(a: torch.fx.Node) -> bool:
-    """Whether ``a`` is a graph input or views of one (``reshape`` as traced: a view)."""
-    while a.op == "call_function" and a.target in _VIEWS and isinstance(a.args[0], torch.fx.Node):
+    """Whether ``a`` is a graph input or views of one (torch's ``OpOverload.is_view``;
+    ``reshape`` as traced counts: where it copies, its result is row-major)."""
+    while (
+        a.op == "call_function"
+        and getattr(a.target, "is_view", False)
+        and isinstance(a.args[0], torch.fx.Node)
+    ):
         a = a.args[0]
     return a.op == "placeholder"
 
