@@ -139,12 +139,11 @@ def main() -> None:
     print(f"baseline: {base_train:.2f} s, {base_rate:,.0f} env steps/s", flush=True)
     modes = ["eager", "jit"] if args.mode == "both" else [args.mode]
     for mode in modes:
-        driver = P.make_driver(cfg, jit=False)
+        # eager: one driver; jit: a fresh compile per agent count, as the command line
+        # gets it (one driver reused across counts recompiles with the agent dim symbolic)
+        shared = None if mode == "jit" else P.make_driver(cfg, jit=False)
         for n in counts:
-            if mode == "jit":
-                # a fresh compile per agent count, as the command line gets it (one driver
-                # reused across counts recompiles with the agent dim symbolic)
-                driver = P.make_driver(cfg, jit=True)
+            driver = shared or P.make_driver(cfg, jit=True)
             with DEVICE:  # every tensor the run makes, on BENCH_DEVICE (the baseline: CPU)
                 lrs = torch.full((n,), cfg.lr)
                 _, _, warm, train_s = P.run(cfg, n, 0, lrs, mode == "jit", False, driver)
