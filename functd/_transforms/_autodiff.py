@@ -30,6 +30,7 @@ from .._td import TensorDict, from_parts
 from .._td._marks import keep_marks
 from .._td._tensordict import is_dynamo_compiling
 from .._td._tree import flat_leaves, spec_of, tree, unflatten_like
+from ._compose import derived, is_jitted
 from ._paths import fmt_path
 
 __all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "value_and_grad", "vjp"]
@@ -251,6 +252,9 @@ def grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
         >>> grads.keys(True, True) == params.keys(True, True)
         True
     """
+    jitted = derived(f, ("grad", argnums, has_aux), lambda g: grad(g, argnums, has_aux))
+    if jitted is not None:  # fd.grad(fd.jit(f)) is fd.jit(fd.grad(f)) (_compose)
+        return jitted
     run = _grad_impl(f, argnums, has_aux, "grad")
 
     @functools.wraps(f)
@@ -272,6 +276,10 @@ def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> 
     Example:
         >>> loss, grads = fd.value_and_grad(loss_fn)(params, td)
     """
+    key = ("value_and_grad", argnums, has_aux)
+    jitted = derived(f, key, lambda g: value_and_grad(g, argnums, has_aux))
+    if jitted is not None:
+        return jitted
     run = _grad_impl(f, argnums, has_aux, "value_and_grad")
 
     @functools.wraps(f)
@@ -441,6 +449,10 @@ def jacrev(
         >>> j["a"].shape
         torch.Size([3, 3])
     """
+    key = ("jacrev", argnums, has_aux, chunk_size)
+    jitted = derived(f, key, lambda g: jacrev(g, argnums, has_aux=has_aux, chunk_size=chunk_size))
+    if jitted is not None:
+        return jitted
     opts = {} if chunk_size is None else {"chunk_size": chunk_size}
     return _jacobian("jacrev", f, argnums, has_aux, **opts)
 
@@ -457,6 +469,10 @@ def jacfwd(
         tensor([[1., 0.],
                 [0., 1.]])
     """
+    key = ("jacfwd", argnums, has_aux, randomness)
+    jitted = derived(f, key, lambda g: jacfwd(g, argnums, has_aux, randomness=randomness))
+    if jitted is not None:
+        return jitted
     return _jacobian("jacfwd", f, argnums, has_aux, randomness=randomness)
 
 
@@ -470,6 +486,9 @@ def hessian(f: Callable, argnums: Argnums = 0) -> Callable:
         >>> h = fd.hessian(lambda t: (t["x"] ** 3).sum())(td)
         >>> h["x"]["x"]  # diag(6 x)
     """
+    jitted = derived(f, ("hessian", argnums), lambda g: hessian(g, argnums))
+    if jitted is not None:
+        return jitted
     name = _name(f)
 
     def scalar_f(*args: Any, **kwargs: Any) -> Any:
@@ -508,6 +527,12 @@ def jvp(f: Callable, primals: tuple, tangents: tuple, *, has_aux: bool = False) 
             )
     _check_diff_inputs(where, primals, tuple(range(len(primals))))
     _check_like(where, tangents, primals, "tangents", "primals")
+    if is_jitted(f):  # fd.jvp(fd.jit(f), ...) runs fd.jit of fd.jvp(f, ...) (_compose)
+
+        def build(g: Callable) -> Callable:
+            return lambda p, t: jvp(g, p, t, has_aux=has_aux)
+
+        return derived(f, ("jvp", has_aux), build, static=False)(primals, tangents)  # type: ignore[no-any-return]
 
     def checked(*args: Any) -> Any:
         out = f(*args)
@@ -538,6 +563,8 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     """
     where = f"fd.vjp({_name(f)})"
     _check_diff_inputs(where, primals, tuple(range(len(primals))))
+    if is_jitted(f):
+        return _vjp_jitted(where, f, primals, has_aux)
 
     def checked(*args: Any) -> Any:
         out = f(*args)
@@ -553,3 +580,23 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
         return fn(cotangents)
 
     return (out, vjp_fn, res[2]) if has_aux else (out, vjp_fn)  # type: ignore[misc]
+
+
+def _vjp_jitted(where: str, f: Any, primals: tuple, has_aux: bool) -> tuple[Any, ...]:
+    """``fd.vjp`` of a jitted function: the forward is ``f``'s compiled call, and
+    ``vjp_fn`` is the compiled ``fd.vjp(inner, *primals)[1](cotangents)`` (it runs the
+    forward again inside, as a compiled backward without saved activations would)."""
+    res = f(*primals)
+    out, aux = _split_aux(where, res, has_aux)
+    _check_tensor_outputs(where, out)
+
+    def build(g: Callable) -> Callable:
+        return lambda p, ct: vjp(g, *p, has_aux=has_aux)[1](ct)
+
+    backward = derived(f, ("vjp", has_aux), build, static=False)
+
+    def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
+        _check_like(where, cotangents, out, "cotangents", "output")
+        return backward(primals, cotangents)  # type: ignore[no-any-return]
+
+    return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)

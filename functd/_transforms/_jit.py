@@ -44,6 +44,7 @@ from ._vmap import TransformError
 __all__ = ["CacheInfo", "JitWarning", "Lowered", "compiles", "jit"]
 
 _MAX_ALIASES = 256  # signatures remembered (each points to a compiled entry)
+_MAX_DERIVED = 16  # transforms of one wrapper kept (fd.grad(jf), fd.vmap(jf)...: _compose)
 _COUNT = [0]  # compilations by every fd.jit wrapper (functd.testing reads it)
 _peek = torch._C._functorch.peek_interpreter_stack
 _is_dynamo = torch.compiler.is_dynamo_compiling  # folded to True by dynamo
@@ -58,14 +59,16 @@ GRAD_INPUTS = (
     "step: fd.jit(fd.train_step(loss, opt))); or pass the inputs detached (`.detach()`)."
 )
 UNDER_TRANSFORM = (
-    "{name} was called inside {transform}: compiled code runs on plain tensors and cannot "
-    "be traced by torch.func. Put the transform inside the jit instead: {fix}."
+    "{name} was called inside {transform}: compiled code runs on plain tensors, which "
+    "torch.func cannot trace through, so f runs here uncompiled under the transform (the "
+    "same values). To compile the transform, apply it to the jitted function, as in JAX: "
+    "{fix} is fd.jit of the transform, compiled once per signature. Shown once per wrapper."
 )
 _FIXES = {
-    "Vmap": ("fd.vmap / torch.func.vmap", "fd.jit(fd.vmap(f))"),
-    "Grad": ("fd.grad / torch.func.grad", "fd.jit(fd.grad(f))"),
-    "Jvp": ("torch.func.jvp", "fd.jit(lambda *a: torch.func.jvp(f, ...))"),
-    "Functionalize": ("torch.func.functionalize", "call f itself"),
+    "Vmap": ("fd.vmap / torch.func.vmap", "fd.vmap(jitted)"),
+    "Grad": ("fd.grad / torch.func.grad (or vjp, jacrev)", "fd.grad(jitted)"),
+    "Jvp": ("fd.jvp / torch.func.jvp (or jacfwd)", "fd.jvp(jitted, primals, tangents)"),
+    "Functionalize": ("torch.func.functionalize", "jitted itself"),
 }
 
 
@@ -93,6 +96,13 @@ class Lowered(NamedTuple):
 
     def __str__(self) -> str:
         return f"# signature: {self.signature}\n# graph\n{self.graph}\n# code\n{self.source}"
+
+
+def _plain(v: Any) -> bool:
+    """Whether ``v`` is made of tuples, ints, floats, strings, bools and None only."""
+    if type(v) is tuple:
+        return all(_plain(w) for w in v)
+    return v is None or type(v) in (int, float, str, bool)
 
 
 def compiles() -> int:
@@ -201,6 +211,9 @@ class _Jitted:
         self._graphed: _Graphed | None = None
         self._fast: tuple | None = None  # the latest signature, checked without a key
         self._varying: set[int] = set()  # arguments whose batch size was seen to change
+        self._derived: OrderedDict[Any, _Jitted] = OrderedDict()  # fd.grad(self)... (_compose)
+        self._label: str | None = None  # e.g. "grad(loss)" for the jit of fd.grad(jit(loss))
+        self._under_warned = False
 
     # ------------------------------------------------------------ the public surface
     def __repr__(self) -> str:
@@ -234,6 +247,7 @@ class _Jitted:
         self._by_struct.clear()
         self._memo.clear()
         self._varying.clear()
+        self._derived.clear()
         if self._graphed is not None:
             self._graphed.cache_clear()
 
@@ -251,6 +265,8 @@ class _Jitted:
 
     # ------------------------------------------------------------ calls
     def _fname(self) -> str:
+        if self._label is not None:
+            return self._label
         return getattr(self._f, "__name__", None) or type(self._f).__name__
 
     def _name(self) -> str:
@@ -269,10 +285,12 @@ class _Jitted:
         return self._slow(args, kwargs)
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
-        if self._static:
+        if self._static and _peek() is None:
             args = self._wrap_static(args)
+        if _peek() is not None:  # under a torch.func transform: f itself, uncompiled
+            return self._under_transform(args, kwargs)
         flat = Flat(args, kwargs, self._memo)
-        if flat.grad or _peek() is not None:
+        if flat.grad:
             self._refuse(flat)
         ambient = snapshot()
         key = (flat.sig, ambient)
@@ -317,14 +335,44 @@ class _Jitted:
                 ) from None
         return tuple(out)
 
-    def _refuse(self, flat: Flat) -> None:
-        level = _peek()
-        if level is not None:
+    def _under_transform(self, args: tuple, kwargs: dict) -> Any:
+        """A call inside a torch.func transform (``fd.grad(lambda p: jf(p) * 2)``,
+        ``torch.func.vmap(jf)``): ``f`` runs under it, as its inlined trace would (one
+        warning per wrapper says how to get it compiled)."""
+        if not self._under_warned:
+            self._under_warned = True
+            level = _peek()
             kind = str(level.key()).rpartition(".")[2]
-            transform, fix = _FIXES.get(kind, (f"a torch.func transform ({kind})", "call f itself"))
-            raise TransformError(
-                UNDER_TRANSFORM.format(name=self._name(), transform=transform, fix=fix)
+            transform, fix = _FIXES.get(kind, (f"a torch.func transform ({kind})", "jitted"))
+            warnings.warn(
+                UNDER_TRANSFORM.format(name=self._name(), transform=transform, fix=fix),
+                JitWarning,
+                stacklevel=4,
             )
+        return self._f(*args, **kwargs)
+
+    def _fd_jit_derive(
+        self, key: tuple, build: Callable[[Callable], Callable], static: bool = True
+    ) -> _Jitted:
+        """``fd.jit(build(f))`` with this wrapper's options (nothing donated; the static
+        argument numbers only with ``static``), kept under ``key`` (the transform's name
+        and options, see ``_compose``) when it holds only plain values."""
+        label = f"{key[0]}({self._fname()})"
+        cached = key if _plain(key) else None
+        hit = None if cached is None else self._derived.get(cached)
+        if hit is not None:
+            self._derived.move_to_end(cached)
+            return hit
+        nums = self._static if static else ()
+        out = type(self)(build(self._f), nums, (), self._dynamic, self._maxsize, self._backend)
+        out._label = label
+        if cached is not None:
+            self._derived[cached] = out
+            if len(self._derived) > _MAX_DERIVED:
+                self._derived.popitem(last=False)
+        return out
+
+    def _refuse(self, flat: Flat) -> None:
         if torch.is_grad_enabled():
             paths = [p for p, t in zip(flat.paths(), flat.tensors) if t.requires_grad]
             raise TransformError(GRAD_INPUTS.format(name=self._name(), paths=", ".join(paths[:5])))
@@ -501,6 +549,8 @@ class _GraphedJit(_Jitted):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if _is_dynamo() or _compiler._is_compiling_flag:
             return self._f(*args, **kwargs)
+        if _peek() is not None:
+            return self._under_transform(args, kwargs)
         return self._graphed(*args, **kwargs)  # type: ignore[misc]
 
 

@@ -23,6 +23,7 @@ import torch
 
 from .._td import TensorDict, from_parts
 from . import _axes
+from ._compose import derived
 from ._in_dims import in_leaves
 from ._in_dims import is_dim as _is_dim
 from ._paths import fmt_path
@@ -238,6 +239,14 @@ def vmap(
         >>> out = fd.vmap(block, in_dims=(0, None))(ens, td)       # shared data
         >>> out = fd.vmap(block, in_dims=(0, 0))(ens, td_per_member)
     """
+    key = ("vmap", in_dims, out_dims, randomness, chunk_size, axis_name)
+
+    def build(g: Callable) -> Callable:
+        return vmap(g, in_dims, out_dims, randomness, chunk_size=chunk_size, axis_name=axis_name)
+
+    jitted = derived(f, key, build)
+    if jitted is not None:  # fd.vmap(fd.jit(f)) is fd.jit(fd.vmap(f)) (_compose)
+        return jitted  # type: ignore[no-any-return]
     name = _name(f)
     if axis_name is not None:
         _axes.check_name(axis_name, f"fd.vmap({name})")
