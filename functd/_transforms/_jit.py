@@ -584,7 +584,11 @@ def jit(
     raise a :class:`TransformError` at the first call, never a silent eager run.
     Outputs that are inputs passed through are the caller's tensors (as in eager);
     other outputs are new tensors, never an input's memory unless it was donated.
-    Outputs have no autograd history: differentiate inside (``fd.jit(fd.grad(f))``).
+    Outputs have no autograd history: differentiate with functd's transforms, in
+    either order as in JAX: ``fd.grad(fd.jit(f))`` is ``fd.jit(fd.grad(f))`` (so are
+    ``fd.vmap``, ``fd.jvp``, ``fd.vjp``, ``fd.jacrev``, ``fd.jacfwd``, ``fd.hessian``;
+    compiled, and kept on the jitted function). Called inside a torch.func transform,
+    the jitted function runs ``f`` uncompiled there (one :class:`JitWarning`).
 
     Args:
         f: the function; ``fd.jit(static_argnums=1)`` without ``f`` is a decorator.
@@ -610,9 +614,8 @@ def jit(
         ``cache_clear()`` and ``lower(*args)`` (the graph and generated code).
 
     Raises:
-        TransformError: ``f`` cannot be traced purely (see Rules), or the jitted
-            function is called under ``fd.vmap``/``fd.grad`` (jit the transform
-            instead), or with inputs that require grad.
+        TransformError: ``f`` cannot be traced purely (see Rules), or is called
+            with inputs that require grad outside a transform (use ``fd.grad``).
         TypeError: a non-tensor input or a static argument is not hashable; an
             output leaf is neither a tensor nor a plain Python value.
 
