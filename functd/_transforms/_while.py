@@ -36,7 +36,14 @@ from torch import Tensor
 
 from .._td._tree import NAMESPACE
 from ._loop_checks import check_carry
-from ._loops_hop import _at, _canonical, _constant_of, _is_fake, _vmap_on_top
+from ._loops_hop import (
+    _at,
+    _canonical,
+    _constant_of,
+    _is_fake,
+    _mapped_closures,
+    _vmap_on_top,
+)
 from ._paths import fmt_path
 from ._vmap import TransformError
 
@@ -110,7 +117,10 @@ def while_loop(cond: Callable[[Any], Any], body: Callable[[Any], Any], init: Any
         >>> fd.while_loop(cond, lambda c: (c[0] + 1, c[1] * 2), (torch.tensor(0), torch.ones(2)))
         (tensor(3), tensor([8., 8.]))
     """
-    for what, fn, sig in (("cond", cond, "cond(carry) -> bool"), ("body", body, "body(carry) -> carry")):
+    for what, fn, sig in (
+        ("cond", cond, "cond(carry) -> bool"),
+        ("body", body, "body(carry) -> carry"),
+    ):
         if not callable(fn):
             raise TypeError(NOT_CALLABLE.format(what=what, sig=sig, kind=type(fn).__name__))
     return _while(cond, body, init, "fd.while_loop")
@@ -294,9 +304,7 @@ def _refuse(where: str) -> Callable[[Tensor], None]:
 def _grad_levels() -> list:
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
-    return [
-        i for i in retrieve_all_functorch_interpreters() if i.key() == _F.TransformType.Grad
-    ]
+    return [i for i in retrieve_all_functorch_interpreters() if i.key() == _F.TransformType.Grad]
 
 
 def _jvp_active() -> bool:
@@ -311,6 +319,11 @@ def _batched(vmap: Any, cond_flat: Callable, body_flat: Callable, leaves: list, 
     from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
 
     level, size, rnd = vmap.level(), vmap.batch_size(), vmap.randomness()
+    if torch.compiler.is_compiling():
+        mapped = _mapped_closures(cond_flat, level) + _mapped_closures(body_flat, level)
+        if mapped:
+            names = ", ".join(dict.fromkeys(repr(m) for m in mapped))
+            raise TransformError(MAPPED_CLOSURE.format(where=where, names=names))
     (c0,), (dims,) = unwrap_batched((list(leaves),), level)
     c0 = [_at(t, d, 0, size) for t, d in zip(c0, dims)]  # every carry batched, dim 0
     in_dims = ([0] * len(c0),)
@@ -359,7 +372,8 @@ def _traced(fx_tracer: Any, cond_flat: Callable, body_flat: Callable, leaves: li
 
     graph = fx_tracer.graph
     before = set(_loop_nodes(graph))
-    out = while_loop_op(cond_op, body_op, tuple(carried), ())
+    ins: Any = tuple(carried)  # (torch types it as a 1-tuple)
+    out = while_loop_op(cond_op, body_op, ins, ())
     for node in _loop_nodes(graph):
         if node not in before:
             _lift(fx_tracer, node)
@@ -391,10 +405,15 @@ def _lift(fx_tracer: Any, node: Any) -> None:
     for sub in subs:
         _pull_up(sub)
 
+    order = {n: i for i, n in enumerate(fx_tracer.graph.nodes)}
+
     def resolve(value: Tensor) -> tuple | None:
         proxy = get_proxy_slot(value, fx_tracer, None)
         if proxy is not None:
-            return proxy.proxy.node, value
+            # (a value of the loop itself: torch's alias check re-traces a body whose
+            # nested loop reads an outer tensor; that throwaway graph keeps it)
+            before = order.get(proxy.proxy.node, len(order)) < order[node]
+            return (proxy.proxy.node, value) if before else None
         if _is_fake(value):
             return None
         attr = _constant_of(root, fx_tracer.graph, node, value)
