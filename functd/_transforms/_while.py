@@ -203,7 +203,7 @@ def _while(cond: Callable, body: Callable, init: Any, where: str) -> Any:
     if any(weak):  # JAX's weak types: a scalar leaf takes the dtype body gives it
         leaves = _promote(body, spec, leaves, weak)
         checked = leaves
-    out = _run(cond_flat, body_flat, leaves, where)
+    out = _run(cond_flat, body_flat, leaves, where, (cond, body))
     if grads and any(v.requires_grad for v in out):
         raise RuntimeError(NO_REVERSE.format(where=where))
     if not _F.peek_interpreter_stack() and torch.is_grad_enabled():
@@ -213,11 +213,14 @@ def _while(cond: Callable, body: Callable, init: Any, where: str) -> Any:
     return optree.tree_unflatten(spec, out)
 
 
-def _run(cond_flat: Callable, body_flat: Callable, leaves: list[Tensor], where: str) -> list:
-    """The loop on flat leaves, by what is on top of the transform stack."""
+def _run(
+    cond_flat: Callable, body_flat: Callable, leaves: list[Tensor], where: str, user: tuple
+) -> list:
+    """The loop on flat leaves, by what is on top of the transform stack (``user``: the
+    caller's cond and body, whose closures are checked under vmap in fd.jit)."""
     vmap = _vmap_on_top()
     if vmap is not None:
-        return _batched(vmap, cond_flat, body_flat, leaves, where)
+        return _batched(vmap, cond_flat, body_flat, leaves, where, user)
     if torch.compiler.is_compiling():
         from torch.fx.experimental import proxy_tensor
 
@@ -314,13 +317,15 @@ def _jvp_active() -> bool:
 
 
 # ---------------------------------------------------------------------------- vmap
-def _batched(vmap: Any, cond_flat: Callable, body_flat: Callable, leaves: list, where: str):
+def _batched(
+    vmap: Any, cond_flat: Callable, body_flat: Callable, leaves: list, where: str, user: tuple
+) -> list:
     """JAX's batching rule for the loop at the innermost vmap, run one level lower."""
     from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
 
     level, size, rnd = vmap.level(), vmap.batch_size(), vmap.randomness()
     if torch.compiler.is_compiling():
-        mapped = _mapped_closures(cond_flat, level) + _mapped_closures(body_flat, level)
+        mapped = [m for fn in user for m in _mapped_closures(fn, level)]
         if mapped:
             names = ", ".join(dict.fromkeys(repr(m) for m in mapped))
             raise TransformError(MAPPED_CLOSURE.format(where=where, names=names))
@@ -345,7 +350,7 @@ def _batched(vmap: Any, cond_flat: Callable, body_flat: Callable, leaves: list, 
         return [torch.where(p.view(size, *[1] * (t.ndim - 1)), t, c) for t, c in zip(new, cs)]
 
     with vmap.lower():
-        out = _run(cond_lower, body_lower, c0, where)
+        out = _run(cond_lower, body_lower, c0, where, user)
     return list(wrap_batched((list(out),), (0,), level)[0])
 
 
