@@ -54,5 +54,6 @@ from ._transforms._loops import fori_loop as fori_loop
 from ._transforms._loops import scan as scan
 from ._transforms._vmap import TransformError as TransformError
 from ._transforms._vmap import vmap as vmap
+from ._transforms._while import while_loop as while_loop
 from ._version import __version__ as __version__
 from .nn._param_extractor import NormalParamExtractor as NormalParamExtractor
