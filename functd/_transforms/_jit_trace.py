@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .._td._tree import NAMESPACE
-from ._signature import Flat
+from ._signature import Flat, by_bits
 from ._vmap import TransformError
 
 __all__ = ["Direct", "Static", "Traced", "compile_graph", "trace"]
@@ -104,13 +104,16 @@ BAD_OUTPUT = (
 
 class Static:
     """An argument given in ``static_argnums``: a leaf compared and hashed by value and
-    closed over by the trace (never flattened, never an input of the graph)."""
+    closed over by the trace (never flattened, never an input of the graph). Floats
+    (also in tuples) compare by their bits (``_signature.by_bits``): ``0.0`` and
+    ``-0.0`` are two values, ``nan`` equals itself."""
 
-    __slots__ = ("hash", "value")
+    __slots__ = ("hash", "key", "value")
 
     def __init__(self, value: Any) -> None:
         self.value = value
-        self.hash = hash(value)
+        self.key = by_bits(value)
+        self.hash = hash(self.key)
 
     def __hash__(self) -> int:
         return self.hash
@@ -122,7 +125,7 @@ class Static:
         if a is b:
             return True
         # by value, type too (1 and 1.0 hash alike); a tensor only by identity
-        return type(a) is type(b) and not isinstance(a, Tensor) and bool(a == b)
+        return type(a) is type(b) and not isinstance(a, Tensor) and bool(self.key == other.key)
 
     def __repr__(self) -> str:
         return f"static {self.value!r}"

@@ -1,0 +1,108 @@
+"""fd.jit's dispatch: which compiled entry a call runs, and that it runs the right one.
+
+- Non-tensor floats are part of a signature by their bits: 0.0 and -0.0 are two
+  signatures (eager divides by each differently), nan is one signature (nan != nan
+  would compile once per call).
+- Threads making the first call at once compile once and all get eager's answer.
+- Arguments an op refuses to combine (dtypes, shapes, devices) get a functd error at
+  the first call naming the argument paths, before any compiled code runs, where
+  eager PyTorch raises too.
+
+Tests trace with ``backend="fx"`` (the trace, its checks and the cache are the same
+as with inductor); the few that compile with inductor say so.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import functd as fd
+
+FX = {"backend": "fx"}
+NAN = float("nan")
+
+
+# ------------------------------------------------------------------ floats by bits
+def test_negative_zero_argument_is_its_own_signature_and_matches_eager():
+    x = torch.tensor([1.0, -2.0, 0.0])
+    j = fd.jit(lambda x, s: x / s, **FX)
+    for s in (0.0, -0.0, 0.0, -0.0):  # the second round goes through the fast path
+        torch.testing.assert_close(j(x, s), x / s, equal_nan=True)
+    assert j(x, -0.0)[0].item() == -math.inf
+    assert j.cache_info().compiles == 2
+
+
+def test_nan_argument_compiles_once():
+    x = torch.ones(3)
+    j = fd.jit(lambda x, s: x + s, **FX)
+    for _ in range(4):
+        assert j(x, float("nan")).isnan().all()  # a new nan object each call
+    assert j.cache_info().compiles == 1
+
+
+def test_nan_payloads_with_other_bits_are_other_signatures():
+    x = torch.ones(1)
+    other = -NAN  # same value class, sign bit set: not the same bits
+    j = fd.jit(lambda x, s: x + s, **FX)
+    j(x, NAN)
+    j(x, other)
+    j(x, NAN)
+    assert j.cache_info().compiles == 2
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [
+        pytest.param(lambda s: (1, s), id="tuple"),
+        pytest.param(lambda s: {"a": [s]}, id="dict-of-list"),
+        pytest.param(lambda s: complex(1.0, s), id="complex"),
+    ],
+)
+def test_floats_nested_in_arguments_compare_by_bits(wrap):
+    def f(x, arg):
+        if isinstance(arg, complex):
+            return x / arg.imag
+        s = arg[1] if isinstance(arg, tuple) else arg["a"][0]
+        return x / s
+
+    x = torch.tensor([1.0, -1.0])
+    j = fd.jit(f, **FX)
+    for s in (0.0, -0.0, 0.0, -0.0, NAN, NAN):
+        torch.testing.assert_close(j(x, wrap(s)), f(x, wrap(s)), equal_nan=True)
+    assert j.cache_info().compiles == 3
+
+
+def test_static_float_argument_compares_by_bits():
+    x = torch.tensor([1.0, -1.0])
+
+    def f(x, s):
+        return x / s[0] if isinstance(s, tuple) else x / s
+
+    j = fd.jit(f, static_argnums=1, **FX)
+    for s in (0.0, -0.0, (0.0,), (-0.0,), 0.0, -0.0):
+        torch.testing.assert_close(j(x, s), f(x, s))
+    for _ in range(3):
+        j(x, float("nan"))
+    assert j.cache_info().compiles == 5  # 0.0, -0.0, (0.0,), (-0.0,), nan
+
+
+def test_numpy_float_scalars_compare_by_bits():
+    np = pytest.importorskip("numpy")
+    x = torch.tensor([1.0, -1.0])
+    j = fd.jit(lambda x, s: x / float(s), **FX)
+    for s in (np.float32(0.0), np.float32(-0.0), np.float64(0.0), np.float64(-0.0)):
+        torch.testing.assert_close(j(x, s), x / float(s))
+    for _ in range(3):
+        j(x, np.float32("nan"))
+    assert j.cache_info().compiles == 5
+
+
+def test_signature_change_names_the_float_values():
+    x = torch.ones(1)
+    j = fd.jit(lambda x, s: x * s, cache_size=1, **FX)
+    j(x, 0.0)
+    with pytest.warns(fd.JitWarning, match=r"latest change: args\[1\]: 0\.0 -> -0\.0"):
+        j(x, -0.0)
