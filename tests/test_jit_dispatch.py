@@ -15,6 +15,7 @@ as with inductor); the few that compile with inductor say so.
 from __future__ import annotations
 
 import math
+import threading
 
 import pytest
 import torch
@@ -106,3 +107,101 @@ def test_signature_change_names_the_float_values():
     j(x, 0.0)
     with pytest.warns(fd.JitWarning, match=r"latest change: args\[1\]: 0\.0 -> -0\.0"):
         j(x, -0.0)
+
+
+# ------------------------------------------------------------------ threads
+def _in_threads(n, call):
+    """Run ``call(i)`` in ``n`` threads released at once; results and errors by thread."""
+    barrier = threading.Barrier(n)
+    results, errors = [None] * n, [None] * n
+
+    def run(i):
+        barrier.wait()
+        try:
+            results[i] = call(i)
+        except Exception as e:  # collected, asserted below
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return results, errors
+
+
+def test_concurrent_first_calls_compile_once_and_match_eager():
+    def f(x, td):
+        return td.set("y", (td["x"] * x).sin())
+
+    x = torch.randn(3)
+    td = fd.TensorDict({"x": torch.randn(4, 3)}, [4])
+    j = fd.jit(f, **FX)
+    results, errors = _in_threads(8, lambda i: j(x, td))
+    assert errors == [None] * 8
+    for r in results:
+        torch.testing.assert_close(r["y"], f(x, td)["y"])
+    assert j.cache_info().compiles == 1
+    assert j.cache_info().calls == 8
+
+
+def test_two_jitted_functions_compile_concurrently():
+    x = torch.randn(5)
+    fs = [lambda x: x.cos() * 2, lambda x: (x + 1).exp()]
+    js = [fd.jit(f, **FX) for f in fs]
+    results, errors = _in_threads(8, lambda i: js[i % 2](x))
+    assert errors == [None] * 8
+    for i, r in enumerate(results):
+        torch.testing.assert_close(r, fs[i % 2](x))
+    assert [j.cache_info().compiles for j in js] == [1, 1]
+    assert not torch.compiler.is_compiling()  # the trace's flag is restored
+
+
+def test_concurrent_first_calls_compile_once_with_inductor():  # compiles once with inductor
+    x = torch.randn(4, 3)
+    j = fd.jit(lambda x: torch.tanh(x) @ x.T)
+    results, errors = _in_threads(4, lambda i: j(x))
+    assert errors == [None] * 4
+    for r in results:
+        torch.testing.assert_close(r, torch.tanh(x) @ x.T)
+    assert j.cache_info().compiles == 1
+
+
+def test_a_trace_in_one_thread_does_not_inline_jitted_calls_of_another():
+    """While thread A traces, torch's compiling flag is set process-wide; thread B's
+    call of a jitted function must still run its compiled code (not f eagerly)."""
+    g_calls = []
+
+    def g(x):
+        g_calls.append(1)  # runs only when g is traced or called eagerly
+        return x * 3
+
+    jg = fd.jit(g, **FX)
+    x = torch.randn(3)
+    jg(x)  # compiled
+    in_trace, done = threading.Event(), threading.Event()
+
+    def f(x):
+        in_trace.set()
+        assert done.wait(timeout=60)
+        return x + 1
+
+    def b():
+        assert in_trace.wait(timeout=60)
+        try:
+            return jg(x)
+        finally:
+            done.set()
+
+    out = {}
+    ta = threading.Thread(target=lambda: out.setdefault("a", fd.jit(f, **FX)(x)))
+    tb = threading.Thread(target=lambda: out.setdefault("b", b()))
+    ta.start()
+    tb.start()
+    ta.join(timeout=60)
+    tb.join(timeout=60)
+    torch.testing.assert_close(out["a"], x + 1)
+    torch.testing.assert_close(out["b"], x * 3)
+    assert len(g_calls) == 1  # the trace only: thread B ran the compiled code
+    assert jg.cache_info().calls == 2

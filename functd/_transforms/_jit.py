@@ -14,6 +14,14 @@ the output tree, built directly: no dynamo frame, no guard evaluation, no
 AOTAutograd wrapper, no pytree walk. Any other call flattens its arguments
 (``Flat``), looks the signature up in a dict and runs the same functions.
 
+Threads: calls of compiled signatures take no lock. A miss takes the wrapper's lock
+(threads making the same first call at once compile once: the others wait, then find
+the entry), and the trace and compile take one process-wide lock (``make_fx``
+patches module-level state and inductor's config is global: two traces at once
+break each other). While a thread traces, torch's "compiling" flag is set for the
+whole process: a jitted function called in *that* thread inlines, in any other
+thread it runs as usual.
+
 Example:
     >>> jstep = fd.jit(fd.train_step(loss, fd.optim.adam(1e-3)))
     >>> params, opt_state, metrics = jstep(params, opt_state, batch, key)
@@ -24,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -50,6 +59,18 @@ _is_dynamo = torch.compiler.is_dynamo_compiling  # folded to True by dynamo
 _compiler = torch.compiler  # ._is_compiling_flag: True in torch.export's and fd.jit's traces
 _any_autocast = torch._C._is_any_autocast_enabled
 _BACKENDS = ("inductor", "fx")
+_TRACE_LOCK = threading.RLock()  # one trace + compile at a time in the process
+_TRACING: list[int | None] = [None]  # the thread whose fd.jit trace is under way
+_get_ident = threading.get_ident
+
+
+def _inline() -> bool:
+    """Whether a call made while torch's compiling flag is set runs ``f`` itself:
+    inside torch.compile/torch.export, or inside this thread's fd.jit trace (the flag
+    is process-wide: another thread's trace sets it too)."""
+    owner = _TRACING[0]
+    return owner is None or owner == _get_ident()
+
 
 GRAD_INPUTS = (
     "{name}: input(s) {paths} require grad. A jitted function returns tensors without "
@@ -201,6 +222,7 @@ class _Jitted:
         self._graphed: _Graphed | None = None
         self._fast: tuple | None = None  # the latest signature, checked without a key
         self._varying: set[int] = set()  # arguments whose batch size was seen to change
+        self._lock = threading.RLock()  # held by a miss: one compile per signature
 
     # ------------------------------------------------------------ the public surface
     def __repr__(self) -> str:
@@ -228,12 +250,13 @@ class _Jitted:
 
     def cache_clear(self) -> None:
         """Drop every compiled signature (and CUDA graph recording)."""
-        self._fast = None
-        self._aliases.clear()
-        self._lru.clear()
-        self._by_struct.clear()
-        self._memo.clear()
-        self._varying.clear()
+        with self._lock:
+            self._fast = None
+            self._aliases.clear()
+            self._lru.clear()
+            self._by_struct.clear()
+            self._memo.clear()
+            self._varying.clear()
         if self._graphed is not None:
             self._graphed.cache_clear()
 
@@ -246,7 +269,8 @@ class _Jitted:
         """
         args = self._wrap_static(args)
         flat = Flat(args, kwargs, {})
-        entry = self._entry(flat, args, kwargs)
+        with self._lock:
+            entry = self._entry(flat, args, kwargs)
         return Lowered(self._describe(flat), entry.dyn or (), entry.graph, entry.source)
 
     # ------------------------------------------------------------ calls
@@ -257,7 +281,7 @@ class _Jitted:
         return f"fd.jit({self._fname()})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _is_dynamo() or _compiler._is_compiling_flag:
+        if _is_dynamo() or (_compiler._is_compiling_flag and _inline()):
             # inside torch.compile, torch.export or an outer fd.jit trace: f is traced there
             return self._f(*args, **kwargs)
         fast = self._fast  # (entry, match, interaction) of the latest signature
@@ -281,11 +305,15 @@ class _Jitted:
         except TypeError:
             raise unhashable(self._name(), args, kwargs) from None
         if hit is None:
-            entry = self._entry(flat, args, kwargs)
-            hit = self._aliases[key]
+            with self._lock:  # another thread making this call waits, then finds it
+                entry = self._entry(flat, args, kwargs)
+                hit = self._aliases[key]
         else:
             entry = hit[0]
-            self._lru.move_to_end(entry)
+            try:  # noqa: SIM105 (suppress() costs a context manager per call)
+                self._lru.move_to_end(entry)
+            except KeyError:  # another thread's compile dropped it meanwhile
+                pass
         self._counts[1] += 1
         ins = flat.tensors
         if entry.donated:
@@ -332,7 +360,8 @@ class _Jitted:
     # ------------------------------------------------------------ misses
     def _entry(self, flat: Flat, args: tuple, kwargs: dict) -> _Entry:
         """The compiled entry for a signature not seen yet: a symbolic entry of the same
-        structure whose guards accept it, or a new compilation."""
+        structure whose guards accept it, or a new compilation. The caller holds
+        ``self._lock``."""
         ambient = snapshot()
         key = (flat.sig, ambient)
         try:
@@ -389,10 +418,15 @@ class _Jitted:
         dyn = self._dyn_dims(flat, family)
         donated = frozenset(self._donated_inputs(flat))
         name = self._name()
-        traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
-        graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
-        run, source = compile_graph(traced, self._backend)
-        _COUNT[0] += 1
+        with _TRACE_LOCK:
+            outer, _TRACING[0] = _TRACING[0], _get_ident()
+            try:
+                traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
+                graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
+                run, source = compile_graph(traced, self._backend)
+            finally:
+                _TRACING[0] = outer
+            _COUNT[0] += 1
         self._counts[0] += 1
         e = _Entry()
         e.run, e.source, e.graph = run, source, graph
@@ -499,7 +533,7 @@ class _GraphedJit(_Jitted):
         self._graphed = g
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _is_dynamo() or _compiler._is_compiling_flag:
+        if _is_dynamo() or (_compiler._is_compiling_flag and _inline()):
             return self._f(*args, **kwargs)
         return self._graphed(*args, **kwargs)  # type: ignore[misc]
 
