@@ -19,6 +19,7 @@ import threading
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import functd as fd
 
@@ -205,3 +206,146 @@ def test_a_trace_in_one_thread_does_not_inline_jitted_calls_of_another():
     torch.testing.assert_close(out["b"], x * 3)
     assert len(g_calls) == 1  # the trace only: thread B ran the compiled code
     assert jg.cache_info().calls == 2
+
+
+# ------------------------------------------------------------------ operands an op refuses
+def _refuses_like_eager(f, args, match, **kw):
+    """f(*args) raises in eager PyTorch; fd.jit(f) raises a TransformError matching
+    ``match`` at the first call, having compiled nothing."""
+    with pytest.raises(RuntimeError):
+        f(*args)
+    j = fd.jit(f, **(kw or FX))
+    with pytest.raises(fd.TransformError, match=match):
+        j(*args)
+    assert j.cache_info().compiles == 0
+
+
+def test_matmul_of_float32_and_float64_arguments_names_both_before_running():
+    """The issue's row: inductor's code failed at run time with `aoti_torch_cpu_mm_out
+    (...) API call failed`; the trace now refuses, naming both arguments."""
+    p, x = torch.randn(3, 2), torch.randn(4, 3, dtype=torch.float64)
+    _refuses_like_eager(
+        lambda p, x: x @ p,
+        (p, x),
+        r"aten\.mm\.default refuses its operands self: float64\[4, 3\] \(from args\[1\]\), "
+        r"mat2: float32\[3, 2\] \(from args\[0\]\) at .*test_jit_dispatch\.py:\d+ \(`lambda p, x"
+        r".*they have different dtypes and this op does not promote.*Convert one of them",
+        backend="inductor",  # refused by the trace: nothing is compiled
+    )
+
+
+def test_mixed_dtype_operand_named_by_its_path_in_a_tensordict():
+    p = torch.randn(3, 2)
+    td = fd.TensorDict({"obs": fd.TensorDict({"x": torch.randn(3, 4).double()}, [])}, [])
+    _refuses_like_eager(
+        lambda p, td: td["obs", "x"].T @ p,  # through a view
+        (p, td),
+        r"self: float64\[4, 3\] \(from args\[1\]\['obs'\]\['x'\]\), mat2: float32\[3, 2\] "
+        r"\(from args\[0\]\)",
+    )
+
+
+def test_mixed_dtype_operand_made_by_a_conversion_is_named_as_computed():
+    x, w = torch.randn(2, 3), torch.randn(4, 3)
+    _refuses_like_eager(
+        lambda x, w: F.linear(x, w, w[:, 0].double()),
+        (x, w),
+        r"aten\.addmm\.default refuses its operands self: float64\[4\] \(computed in the "
+        r"function\), mat1: float32\[2, 3\] \(from args\[0\]\)",
+    )
+
+
+F32, F64 = torch.randn(3, 3), torch.randn(3, 3, dtype=torch.float64)
+V32, V64 = torch.randn(3), torch.randn(3, dtype=torch.float64)
+_IDX = torch.tensor([0])
+
+
+@pytest.mark.parametrize(
+    ("f", "args", "op"),
+    [
+        pytest.param(lambda a, v: a @ v, (F32, V64), "mv", id="mv"),  # decomposed silently
+        pytest.param(lambda a, v: v @ a[0], (F32, V64), "dot", id="dot"),
+        pytest.param(lambda a, b: torch.bmm(a[None], b[None]), (F32, F64), "bmm", id="bmm"),
+        pytest.param(lambda a, b: torch.einsum("ij,jk->ik", a, b), (F32, F64), "bmm", id="einsum"),
+        pytest.param(
+            lambda a, b: torch.baddbmm(a[None], a[None], b[None]),
+            (F32, F64),
+            "baddbmm",
+            id="baddbmm",
+        ),
+        pytest.param(lambda a, b, v: torch.addmv(v, a, b[0]), (F32, F64, V32), "addmv", id="addmv"),
+        pytest.param(lambda a, b: F.linear(a, b), (F32, F64), "mm", id="linear"),
+        pytest.param(
+            lambda a, b: F.conv1d(a[None], b[:, :, None]), (F32, F64), "convolution", id="conv1d"
+        ),
+        pytest.param(lambda a, b: torch.lerp(a, b, 0.5), (F32, F64), "lerp", id="lerp"),
+        pytest.param(lambda a, b: torch.lerp(a, a, b), (F32, F64), "lerp", id="lerp-weight"),
+        pytest.param(lambda a, b: torch.linalg.cross(a, b), (V32, V64), "linalg_cross", id="cross"),
+        pytest.param(lambda a, v: a.index_put((_IDX,), v), (F32, V64), "index_put", id="index_put"),
+        pytest.param(
+            lambda a, b: a.scatter(0, torch.zeros(3, 3, dtype=torch.long), b),
+            (F32, F64),
+            "scatter",
+            id="scatter",  # refused by its fake kernel: the same error
+        ),
+    ],
+)
+def test_ops_eager_refuses_on_mixed_dtypes_are_refused_at_the_first_call(f, args, op):
+    _refuses_like_eager(f, args, rf"aten\.{op}\.\w+ refuses its operands .*different dtypes")
+
+
+@pytest.mark.parametrize(
+    ("f", "args"),
+    [
+        pytest.param(lambda p, x: x * p, (F32, F64), id="promoting-mul"),
+        pytest.param(lambda p, x: torch.where(p > 0, p, x), (F32, F64), id="where"),
+        pytest.param(lambda p, x: x @ p, (F64, F64), id="matmul-one-dtype"),
+        pytest.param(lambda p, x: p @ x.float(), (F32, F64), id="matmul-after-cast"),
+        pytest.param(lambda p, x: torch.lerp(p, p, x[0, 0]), (F32, F64), id="lerp-0dim-weight"),
+    ],
+)
+def test_mixed_dtypes_eager_accepts_still_compile_and_match_eager(f, args):
+    torch.testing.assert_close(fd.jit(f, **FX)(*args), f(*args))
+
+
+def test_index_assignment_of_a_python_float_into_float64_compiles():
+    def f(x):
+        x = x.clone()
+        x[_IDX] = 2.0
+        return x
+
+    x = torch.randn(3, dtype=torch.float64)
+    torch.testing.assert_close(fd.jit(f, **FX)(x), f(x))
+
+
+def test_matmul_shape_mismatch_names_the_arguments_and_their_shapes():
+    _refuses_like_eager(
+        lambda p, x: x @ p,
+        (torch.randn(4, 5), torch.randn(4, 3)),
+        r"aten\.mm\.default refuses its operands self: float32\[4, 3\] \(from args\[1\]\), "
+        r"mat2: float32\[4, 5\] \(from args\[0\]\) at .*: a and b must have same reduction "
+        r"dim, but got \[4, 3\] X \[4, 5\]\. .*Check the shapes of these arguments",
+    )
+
+
+def test_device_mismatch_names_the_arguments_and_their_devices():
+    _refuses_like_eager(
+        lambda a, b: a + b,
+        (torch.zeros(3), torch.zeros(3, device="meta")),
+        r"aten\.add\.Tensor refuses its operands self: float32\[3\] on cpu \(from args\[0\]\), "
+        r"other: float32\[3\] on meta \(from args\[1\]\).*different devices.*one device",
+    )
+
+
+def test_operands_refused_inside_a_loop_body_name_the_op():
+    """An op in fd.scan's step is traced apart from the arguments: the error names the
+    op and its operands, without argument paths."""
+
+    def f(w, c0, xs):
+        return fd.scan(lambda c, x: (c @ w + x, x), c0, xs)
+
+    _refuses_like_eager(
+        f,
+        (torch.randn(3, 3), torch.zeros(2, 4), torch.randn(5, 3)),
+        r"aten\.mm\.default refuses its operands self: float32\[2, 4\], mat2: float32\[3, 3\]",
+    )
