@@ -6,9 +6,11 @@
 True meanwhile, so functd takes the paths it takes under ``torch.compile``, and
 torch.distributions' argument checks (host syncs) are off, as torch.compile turns
 them off. The dims a signature change showed to vary are symbolic (a ShapeEnv
-symbol each), every other dim is static. The FX graph is then checked (no write
-into an input or into a tensor ``f`` closes over, no draw from torch's global
-generator), the outputs that are inputs passed through are taken out of it, and
+symbol each), every other dim is static. Operands an op refuses (the ops eager runs on
+one dtype only, checked as they are traced; any op whose shape, dtype or device check
+fails) raise an error naming the op, the operands and the argument paths they come
+from (``_refused``). The FX graph is then checked (no write into an input or into a
+tensor ``f`` closes over, no draw from torch's global generator), the outputs that are inputs passed through are taken out of it, and
 ``compile_graph`` hands it to inductor (``compile_fx_inner``, with loops parallel
 at ATen's grain size and one-row matmuls fused; its C++ wrapper on the CPU, whose
 entry point ``Direct`` calls without inductor's Python shim) or, with
@@ -278,13 +280,13 @@ def _same_dtype_ops() -> dict:
     CPU (a ``bias``-like operand: CUDA takes an fp32 one for some); ``~``: unless it
     has no dims (eager takes a 0-dim lerp weight of any float dtype)."""
     A = torch.ops.aten
-    mat, addmat = (("self", "mat2"), ("?self", "mat1", "mat2"))
+    mat, batches = ("self", "mat2"), ("?self", "batch1", "batch2")
     return {
         A.mm.default: mat,
         A.bmm.default: mat,
-        A.addmm.default: addmat,
-        A.baddbmm.default: ("?self", "batch1", "batch2"),
-        A.addbmm.default: ("?self", "batch1", "batch2"),
+        A.addmm.default: ("?self", "mat1", "mat2"),
+        A.baddbmm.default: batches,
+        A.addbmm.default: batches,
         A.mv.default: ("self", "vec"),
         A.addmv.default: ("?self", "mat", "vec"),
         A.dot.default: ("self", "tensor"),
@@ -350,19 +352,8 @@ def _is_torch(frame: Any) -> bool:
 # where torch checks an op's operands: torch._check, a C++ kernel called from
 # OpOverload.__call__, fake/meta kernels, references, decompositions (not, e.g., the
 # custom-op machinery saying an op has no fake kernel)
-_OP_CHECKS = tuple(
-    os.path.join(_TORCH_DIR, *p.split("/"))
-    for p in (
-        "__init__.py",
-        "_ops.py",
-        "_subclasses",
-        "_meta_registrations.py",
-        "_refs",
-        "_prims",
-        "_decomp",
-        "_inductor/decomposition",
-    )
-)
+_CHECKERS = ("__init__.py", "_ops.py", "_subclasses", "_meta_registrations.py", "_refs", "_prims")
+_OP_CHECKS = tuple(os.path.join(_TORCH_DIR, p) for p in (*_CHECKERS, "_decomp", "_inductor"))
 
 
 def _refused(name: str, e: BaseException, flat: Flat) -> BaseException | None:
