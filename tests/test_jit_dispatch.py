@@ -108,6 +108,8 @@ def test_signature_change_names_the_float_values():
     j(x, 0.0)
     with pytest.warns(fd.JitWarning, match=r"latest change: args\[1\]: 0\.0 -> -0\.0"):
         j(x, -0.0)
+    sig = fd.jit(lambda x, s: x * s[0], **FX).lower(x, (-0.0, 1j, NAN)).signature
+    assert sig.endswith("args[1]: PyTreeSpec((*, *, *)) (-0.0, 1j, nan)")
 
 
 # ------------------------------------------------------------------ threads

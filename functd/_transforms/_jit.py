@@ -47,7 +47,7 @@ from .._td._tree import NAMESPACE
 from ._cuda_graph import _CudaRecorder, _Graphed
 from ._jit_code import make_match, make_outputs
 from ._jit_trace import Static, compile_graph, trace
-from ._signature import Flat, describe_change, skeleton, unhashable
+from ._signature import Flat, describe_change, shown, skeleton, unhashable
 from ._vmap import TransformError
 
 __all__ = ["CacheInfo", "JitWarning", "Lowered", "compiles", "jit"]
@@ -488,14 +488,14 @@ class _Jitted:
                 head, layout = f"TensorDict({keys})", tuple(node[2] for node in struct)
             else:
                 head = "tensor" if d.kind == "tensor" else str(d.spec)
-            shown = ", ".join(
+            values = ", ".join(
                 f"{p[1]}{list(p[0])}".replace("torch.", "")
                 if isinstance(p[0], torch.Size)
-                else repr(p[1])
+                else shown(p)
                 for p in leaves
             )
             batch = f" batch {[list(b) for b in layout]}" if layout else ""
-            parts.append(f"{n}: {head}{batch} ({shown})")
+            parts.append(f"{n}: {head}{batch} ({values})")
         return "; ".join(parts)
 
     # ------------------------------------------------------------ donation

@@ -5,8 +5,8 @@ the batch sizes of its TensorDicts (tree structures compare keys only, and the
 same leaf shapes can split into batch and feature dims in more than one way),
 per tensor ``(shape, dtype, stride)``, its devices (per tensor when they are
 several), and its non-tensor leaves (hashable; their type too, so ``1`` and
-``1.0`` differ; a float or complex by its bits, ``by_bits``, so ``0.0`` and ``-0.0``
-differ and ``nan`` equals itself). A TensorDict argument's description is memoised by identity:
+``1.0`` differ; a float or complex by its bits, so ``0.0`` and ``-0.0`` differ and
+``nan`` equals itself: ``leaf_part``). A TensorDict argument's description is memoised by identity:
 passing the same params object again costs nothing to describe.
 
 ``describe_change`` says in words what differs between two signatures (the
@@ -35,6 +35,8 @@ __all__ = [
     "Flat",
     "by_bits",
     "describe_change",
+    "leaf_part",
+    "shown",
     "signature",
     "skeleton",
     "unhashable",
@@ -71,6 +73,31 @@ class Bits:
 
     def __repr__(self) -> str:
         return repr(self.value)
+
+
+_PACK_D, _PACK_DD = _struct.Struct("<d"), _struct.Struct("<dd")
+
+
+def leaf_part(v: Any) -> tuple:
+    """A non-tensor leaf's part of a signature: ``(type, value)``; a float or complex
+    ``(type, its bytes)`` (a numpy one ``(type, Bits)``), so that ``0.0`` and ``-0.0``
+    are two signatures and ``nan`` one. ``shown`` gives the value back."""
+    t = type(v)
+    if t is float:
+        return (t, _PACK_D.pack(v))
+    if t is complex:
+        return (t, _PACK_DD.pack(v.real, v.imag))
+    return (t, Bits(v)) if _inexact(v) else (t, v)
+
+
+def shown(part: tuple) -> str:
+    """``repr`` of the value of a non-tensor leaf's ``leaf_part``."""
+    t, v = part
+    if t is float and type(v) is bytes:
+        return repr(_PACK_D.unpack(v)[0])
+    if t is complex and type(v) is bytes:
+        return repr(complex(*_PACK_DD.unpack(v)))
+    return repr(v)
 
 
 def _inexact(v: Any) -> bool:
@@ -188,7 +215,7 @@ class Desc:
                     devices.add(v.device)
                     grad = grad or v.requires_grad
                 else:
-                    parts.append((type(v), Bits(v) if _inexact(v) else v))  # type: ignore[arg-type]
+                    parts.append(leaf_part(v))  # type: ignore[arg-type]
         where = tuple([v.device for v in tensors]) if len(devices) > 1 else tuple(devices)
         self.key = _Key((struct, where, layout, tuple(parts)))
         self.leaves, self.tensors, self.devices, self.grad = leaves, tensors, devices, grad
@@ -452,4 +479,4 @@ def _arg_change(a: tuple, b: tuple) -> str:
 def _leaf(part: tuple) -> str:
     if isinstance(part[0], torch.Size):
         return f"a {part[1]} tensor of shape {list(part[0])}"
-    return repr(part[1])
+    return shown(part)
