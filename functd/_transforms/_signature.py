@@ -215,7 +215,7 @@ class Desc:
                     devices.add(v.device)
                     grad = grad or v.requires_grad
                 else:
-                    parts.append(leaf_part(v))  # type: ignore[arg-type]
+                    parts.append(leaf_part(v))
         where = tuple([v.device for v in tensors]) if len(devices) > 1 else tuple(devices)
         self.key = _Key((struct, where, layout, tuple(parts)))
         self.leaves, self.tensors, self.devices, self.grad = leaves, tensors, devices, grad
