@@ -351,3 +351,14 @@ def test_operands_refused_inside_a_loop_body_name_the_op():
         (torch.randn(3, 3), torch.zeros(2, 4), torch.randn(5, 3)),
         r"aten\.mm\.default refuses its operands self: float32\[2, 4\], mat2: float32\[3, 3\]",
     )
+
+
+def test_a_runtime_error_raised_by_the_function_itself_is_not_rewritten():
+    def f(x):
+        if x.shape[0] == 3:
+            raise RuntimeError("my own check")
+        return x
+
+    with pytest.raises(RuntimeError, match=r"^my own check") as info:
+        fd.jit(f, **FX)(torch.ones(3))
+    assert type(info.value) is RuntimeError

@@ -407,6 +407,14 @@ def _refused(name: str, e: BaseException, flat: Flat) -> BaseException | None:
     )
 
 
+def _refused_safely(name: str, e: BaseException, flat: Flat) -> BaseException | None:
+    """``_refused``, or None where reading torch's frames fails (torch's error then)."""
+    try:
+        return _refused(name, e, flat)
+    except Exception:
+        return None
+
+
 def _operand(n: str, v: Tensor, device: bool, sources: list[str] | None) -> str:
     """``self: float32[4, 3] (from args[1]['x'])``; ``sources`` None: not known."""
     dtype = str(v.dtype).replace("torch.", "")
@@ -486,7 +494,7 @@ def trace(
         with _tracing(), torch.enable_grad():
             gm = make_fx(fn, decomposition_table=_decompositions(), tracing_mode="fake")(*fakes)
     except Exception as e:
-        ours = _translate(name, e) or _refused(name, e, flat)
+        ours = _translate(name, e) or _refused_safely(name, e, flat)
         if ours is not None:
             raise ours from e
         e.add_note(f"(raised while {name} traced the function on tensors without values)")  # type: ignore[attr-defined]
