@@ -14,6 +14,14 @@ the output tree, built directly: no dynamo frame, no guard evaluation, no
 AOTAutograd wrapper, no pytree walk. Any other call flattens its arguments
 (``Flat``), looks the signature up in a dict and runs the same functions.
 
+Threads: calls of compiled signatures take no lock. A miss takes the wrapper's lock
+(threads making the same first call at once compile once: the others wait, then find
+the entry), and the trace and compile take one process-wide lock (``make_fx``
+patches module-level state and inductor's config is global: two traces at once
+break each other). While a thread traces, torch's "compiling" flag is set for the
+whole process: a jitted function called in *that* thread inlines, in any other
+thread it runs as usual.
+
 Example:
     >>> jstep = fd.jit(fd.train_step(loss, fd.optim.adam(1e-3)))
     >>> params, opt_state, metrics = jstep(params, opt_state, batch, key)
@@ -24,6 +32,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -37,8 +46,9 @@ from .._td import TensorDict
 from .._td._tree import NAMESPACE
 from ._cuda_graph import _CudaRecorder, _Graphed
 from ._jit_code import make_match, make_outputs
+from ._jit_options import checked
 from ._jit_trace import Static, compile_graph, trace
-from ._signature import Flat, describe_change, skeleton, unhashable
+from ._signature import Flat, describe_change, shown, skeleton, unhashable
 from ._vmap import TransformError
 
 __all__ = ["CacheInfo", "JitWarning", "Lowered", "compiles", "jit"]
@@ -50,7 +60,18 @@ _peek = torch._C._functorch.peek_interpreter_stack
 _is_dynamo = torch.compiler.is_dynamo_compiling  # folded to True by dynamo
 _compiler = torch.compiler  # ._is_compiling_flag: True in torch.export's and fd.jit's traces
 _any_autocast = torch._C._is_any_autocast_enabled
-_BACKENDS = ("inductor", "fx")
+_TRACE_LOCK = threading.RLock()  # one trace + compile at a time in the process
+_TRACING: list[int | None] = [None]  # the thread whose fd.jit trace is under way
+_get_ident = threading.get_ident
+
+
+def _inline() -> bool:
+    """Whether a call made while torch's compiling flag is set runs ``f`` itself:
+    inside torch.compile/torch.export, or inside this thread's fd.jit trace (the flag
+    is process-wide: another thread's trace sets it too)."""
+    owner = _TRACING[0]
+    return owner is None or owner == _get_ident()
+
 
 GRAD_INPUTS = (
     "{name}: input(s) {paths} require grad. A jitted function returns tensors without "
@@ -214,6 +235,7 @@ class _Jitted:
         self._derived: OrderedDict[Any, _Jitted] = OrderedDict()  # fd.grad(self)... (_compose)
         self._label: str | None = None  # e.g. "grad(loss)" for the jit of fd.grad(jit(loss))
         self._under_warned = False
+        self._lock = threading.RLock()  # held by a miss: one compile per signature
 
     # ------------------------------------------------------------ the public surface
     def __repr__(self) -> str:
@@ -241,13 +263,14 @@ class _Jitted:
 
     def cache_clear(self) -> None:
         """Drop every compiled signature (and CUDA graph recording)."""
-        self._fast = None
-        self._aliases.clear()
-        self._lru.clear()
-        self._by_struct.clear()
-        self._memo.clear()
-        self._varying.clear()
-        self._derived.clear()
+        with self._lock:
+            self._fast = None
+            self._aliases.clear()
+            self._lru.clear()
+            self._by_struct.clear()
+            self._memo.clear()
+            self._varying.clear()
+            self._derived.clear()
         if self._graphed is not None:
             self._graphed.cache_clear()
 
@@ -260,7 +283,8 @@ class _Jitted:
         """
         args = self._wrap_static(args)
         flat = Flat(args, kwargs, {})
-        entry = self._entry(flat, args, kwargs)
+        with self._lock:
+            entry = self._entry(flat, args, kwargs)
         return Lowered(self._describe(flat), entry.dyn or (), entry.graph, entry.source)
 
     # ------------------------------------------------------------ calls
@@ -273,7 +297,7 @@ class _Jitted:
         return f"fd.jit({self._fname()})"
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _is_dynamo() or _compiler._is_compiling_flag:
+        if _is_dynamo() or (_compiler._is_compiling_flag and _inline()):
             # inside torch.compile, torch.export or an outer fd.jit trace: f is traced there
             return self._f(*args, **kwargs)
         fast = self._fast  # (entry, match, interaction) of the latest signature
@@ -285,10 +309,10 @@ class _Jitted:
         return self._slow(args, kwargs)
 
     def _slow(self, args: tuple, kwargs: dict) -> Any:
-        if self._static and _peek() is None:
-            args = self._wrap_static(args)
         if _peek() is not None:  # under a torch.func transform: f itself, uncompiled
             return self._under_transform(args, kwargs)
+        if self._static:
+            args = self._wrap_static(args)
         flat = Flat(args, kwargs, self._memo)
         if flat.grad:
             self._refuse(flat)
@@ -299,11 +323,15 @@ class _Jitted:
         except TypeError:
             raise unhashable(self._name(), args, kwargs) from None
         if hit is None:
-            entry = self._entry(flat, args, kwargs)
-            hit = self._aliases[key]
+            with self._lock:  # another thread making this call waits, then finds it
+                entry = self._entry(flat, args, kwargs)
+                hit = self._aliases[key]
         else:
             entry = hit[0]
-            self._lru.move_to_end(entry)
+            try:  # noqa: SIM105 (suppress() costs a context manager per call)
+                self._lru.move_to_end(entry)
+            except KeyError:  # another thread's compile dropped it meanwhile
+                pass
         self._counts[1] += 1
         ins = flat.tensors
         if entry.donated:
@@ -357,20 +385,20 @@ class _Jitted:
         """``fd.jit(build(f))`` with this wrapper's options (nothing donated; the static
         argument numbers only with ``static``), kept under ``key`` (the transform's name
         and options, see ``_compose``) when it holds only plain values."""
-        label = f"{key[0]}({self._fname()})"
         cached = key if _plain(key) else None
-        hit = None if cached is None else self._derived.get(cached)
-        if hit is not None:
-            self._derived.move_to_end(cached)
-            return hit
-        nums = self._static if static else ()
-        out = type(self)(build(self._f), nums, (), self._dynamic, self._maxsize, self._backend)
-        out._label = label
-        if cached is not None:
-            self._derived[cached] = out
-            if len(self._derived) > _MAX_DERIVED:
-                self._derived.popitem(last=False)
-        return out
+        with self._lock:
+            hit = None if cached is None else self._derived.get(cached)
+            if hit is not None:
+                self._derived.move_to_end(cached)
+                return hit
+            nums = self._static if static else ()
+            out = type(self)(build(self._f), nums, (), self._dynamic, self._maxsize, self._backend)
+            out._label = f"{key[0]}({self._fname()})"
+            if cached is not None:
+                self._derived[cached] = out
+                if len(self._derived) > _MAX_DERIVED:
+                    self._derived.popitem(last=False)
+            return out
 
     def _refuse(self, flat: Flat) -> None:
         if torch.is_grad_enabled():
@@ -380,7 +408,8 @@ class _Jitted:
     # ------------------------------------------------------------ misses
     def _entry(self, flat: Flat, args: tuple, kwargs: dict) -> _Entry:
         """The compiled entry for a signature not seen yet: a symbolic entry of the same
-        structure whose guards accept it, or a new compilation."""
+        structure whose guards accept it, or a new compilation. The caller holds
+        ``self._lock``."""
         ambient = snapshot()
         key = (flat.sig, ambient)
         try:
@@ -437,10 +466,15 @@ class _Jitted:
         dyn = self._dyn_dims(flat, family)
         donated = frozenset(self._donated_inputs(flat))
         name = self._name()
-        traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
-        graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
-        run, source = compile_graph(traced, self._backend)
-        _COUNT[0] += 1
+        with _TRACE_LOCK:
+            outer, _TRACING[0] = _TRACING[0], _get_ident()
+            try:
+                traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
+                graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
+                run, source = compile_graph(traced, self._backend)
+            finally:
+                _TRACING[0] = outer
+            _COUNT[0] += 1
         self._counts[0] += 1
         e = _Entry()
         e.run, e.source, e.graph = run, source, graph
@@ -502,14 +536,14 @@ class _Jitted:
                 head, layout = f"TensorDict({keys})", tuple(node[2] for node in struct)
             else:
                 head = "tensor" if d.kind == "tensor" else str(d.spec)
-            shown = ", ".join(
+            values = ", ".join(
                 f"{p[1]}{list(p[0])}".replace("torch.", "")
                 if isinstance(p[0], torch.Size)
-                else repr(p[1])
+                else shown(p)
                 for p in leaves
             )
             batch = f" batch {[list(b) for b in layout]}" if layout else ""
-            parts.append(f"{n}: {head}{batch} ({shown})")
+            parts.append(f"{n}: {head}{batch} ({values})")
         return "; ".join(parts)
 
     # ------------------------------------------------------------ donation
@@ -547,7 +581,7 @@ class _GraphedJit(_Jitted):
         self._graphed = g
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if _is_dynamo() or _compiler._is_compiling_flag:
+        if _is_dynamo() or (_compiler._is_compiling_flag and _inline()):
             return self._f(*args, **kwargs)
         if _peek() is not None:
             return self._under_transform(args, kwargs)
@@ -630,42 +664,6 @@ def jit(
     kw.update(dynamic=dynamic, cache_size=cache_size, backend=backend, cuda_graph=cuda_graph)
     if f is None:
         return functools.partial(jit, **kw)
-    static, donate = _checked(f, static_argnums, donate_argnums, dynamic, cache_size, backend)
+    static, donate = checked(f, static_argnums, donate_argnums, dynamic, cache_size, backend)
     cls = _GraphedJit if cuda_graph else _Jitted
     return cls(f, static, donate, dynamic, cache_size, backend)
-
-
-def _checked(
-    f: Any,
-    static_argnums: int | Sequence[int],
-    donate_argnums: int | Sequence[int],
-    dynamic: bool | None,
-    cache_size: int,
-    backend: str,
-) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``jit``'s arguments checked: ``(static, donate)``, the sorted argument numbers."""
-    if not callable(f):
-        raise TypeError(f"fd.jit(f) takes a function, got a {type(f).__name__}.")
-    static, donate = (
-        _argnums("static_argnums", static_argnums),
-        _argnums("donate_argnums", donate_argnums),
-    )
-    if set(static) & set(donate):
-        raise ValueError(
-            f"fd.jit: argument(s) {sorted(set(static) & set(donate))} are both static and "
-            "donated; a static argument is a constant, it holds no output."
-        )
-    if dynamic not in (None, True, False):
-        raise ValueError(f"fd.jit: dynamic must be None, True or False, got {dynamic!r}.")
-    if not isinstance(cache_size, int) or isinstance(cache_size, bool) or cache_size < 1:
-        raise ValueError(f"fd.jit: cache_size must be an int >= 1, got {cache_size!r}.")
-    if backend not in _BACKENDS:
-        raise ValueError(f"fd.jit: backend must be one of {_BACKENDS}, got {backend!r}.")
-    return static, donate
-
-
-def _argnums(what: str, v: int | Sequence[int]) -> tuple[int, ...]:
-    nums = (v,) if isinstance(v, int) and not isinstance(v, bool) else tuple(v)  # type: ignore[arg-type]
-    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in nums):
-        raise TypeError(f"fd.jit: {what} must be non-negative ints, got {v!r}.")
-    return tuple(sorted(set(nums)))

@@ -5,7 +5,8 @@ the batch sizes of its TensorDicts (tree structures compare keys only, and the
 same leaf shapes can split into batch and feature dims in more than one way),
 per tensor ``(shape, dtype, stride)``, its devices (per tensor when they are
 several), and its non-tensor leaves (hashable; their type too, so ``1`` and
-``1.0`` differ). A TensorDict argument's description is memoised by identity:
+``1.0`` differ; a float or complex by its bits, so ``0.0`` and ``-0.0`` differ and
+``nan`` equals itself: ``leaf_part``). A TensorDict argument's description is memoised by identity:
 passing the same params object again costs nothing to describe.
 
 ``describe_change`` says in words what differs between two signatures (the
@@ -18,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import struct as _struct
 from typing import Any
 
 import optree
@@ -27,7 +29,104 @@ from .._td import TensorDict, from_parts
 from .._td._tree import NAMESPACE
 from ._paths import fmt_call_path
 
-__all__ = ["Desc", "Flat", "describe_change", "signature", "skeleton", "unhashable"]
+__all__ = [
+    "Bits",
+    "Desc",
+    "Flat",
+    "by_bits",
+    "describe_change",
+    "leaf_part",
+    "shown",
+    "signature",
+    "skeleton",
+    "unhashable",
+]
+
+
+class Bits:
+    """A float or complex leaf of a signature, compared and hashed by its bits: ``==``
+    would make ``0.0`` and ``-0.0`` one signature (the code traced with one gives the
+    other's answer: ``x / -0.0`` is -inf) and ``nan`` a new signature per call. Shown
+    as the value.
+
+    Example:
+        >>> Bits(0.0) == Bits(-0.0), Bits(float("nan")) == Bits(float("nan"))
+        (False, True)
+    """
+
+    __slots__ = ("bits", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        if isinstance(value, float):
+            self.bits: bytes = _struct.pack("<d", value)
+        elif isinstance(value, complex):
+            self.bits = _struct.pack("<dd", value.real, value.imag)
+        else:  # a numpy float or complex scalar
+            self.bits = value.tobytes()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Bits and self.bits == other.bits
+
+    def __hash__(self) -> int:
+        return hash(self.bits)
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+_PACK_D, _PACK_DD = _struct.Struct("<d"), _struct.Struct("<dd")
+
+
+def leaf_part(v: Any) -> tuple:
+    """A non-tensor leaf's part of a signature: ``(type, value)``; a float or complex
+    ``(type, its bytes)`` (a numpy one ``(type, Bits)``), so that ``0.0`` and ``-0.0``
+    are two signatures and ``nan`` one. ``shown`` gives the value back."""
+    t = type(v)
+    if t is float:
+        return (t, _PACK_D.pack(v))
+    if t is complex:
+        return (t, _PACK_DD.pack(v.real, v.imag))
+    return (t, Bits(v)) if _inexact(v) else (t, v)
+
+
+def shown(part: tuple) -> str:
+    """``repr`` of the value of a non-tensor leaf's ``leaf_part``."""
+    t, v = part
+    if t is float and type(v) is bytes:
+        return repr(_PACK_D.unpack(v)[0])
+    if t is complex and type(v) is bytes:
+        return repr(complex(*_PACK_DD.unpack(v)))
+    return repr(v)
+
+
+def _inexact(v: Any) -> bool:
+    """Whether ``v`` is a Python or numpy float/complex scalar."""
+    if isinstance(v, float | complex):
+        return True
+    return type(v).__module__ == "numpy" and getattr(getattr(v, "dtype", None), "kind", "") in (
+        "f",
+        "c",
+    )
+
+
+def by_bits(v: Any) -> Any:
+    """``v`` with its float and complex scalars (also inside tuples and frozensets)
+    as ``Bits``: a value that compares and hashes them by their bits. Any other value
+    is returned as it is; a tuple is tagged with its type (a named tuple differs from
+    a plain one).
+
+    Example:
+        >>> by_bits((1, 0.0)) == by_bits((1, -0.0))
+        False
+    """
+    if _inexact(v):
+        return Bits(v)
+    if isinstance(v, tuple):
+        return (type(v), *map(by_bits, v))
+    if isinstance(v, frozenset):
+        return frozenset(map(by_bits, v))
+    return v
 
 
 def _td_layout(x: Any) -> tuple:
@@ -116,7 +215,7 @@ class Desc:
                     devices.add(v.device)
                     grad = grad or v.requires_grad
                 else:
-                    parts.append((type(v), v))  # type: ignore[arg-type]
+                    parts.append(leaf_part(v))
         where = tuple([v.device for v in tensors]) if len(devices) > 1 else tuple(devices)
         self.key = _Key((struct, where, layout, tuple(parts)))
         self.leaves, self.tensors, self.devices, self.grad = leaves, tensors, devices, grad
@@ -380,4 +479,4 @@ def _arg_change(a: tuple, b: tuple) -> str:
 def _leaf(part: tuple) -> str:
     if isinstance(part[0], torch.Size):
         return f"a {part[1]} tensor of shape {list(part[0])}"
-    return repr(part[1])
+    return shown(part)
