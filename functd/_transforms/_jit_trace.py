@@ -313,6 +313,30 @@ def _written(node: torch.fx.Node):
     return None
 
 
+def _draws(node: torch.fx.Node, op: torch._ops.OpOverload) -> bool:
+    """Whether ``node`` draws from torch's global generator: its op is tagged
+    ``nondeterministic_seeded`` and its arguments do not rule the draw out. torch tags
+    an op by what it may do: the fused attention kernels whatever their
+    ``dropout_p``, ``aten.lstm``/``gru``/``rnn_*`` whatever their ``dropout``,
+    ``dropout``/``rrelu`` whatever ``train``. With ``dropout_p == 0``
+    (attention in eval, or without dropout), ``dropout == 0`` or one layer (an
+    RNN), or ``train``/``training`` False nothing is drawn."""
+    if torch.Tag.nondeterministic_seeded not in op.tags:
+        return False
+    schema = op._schema.arguments
+    given = dict(zip((a.name for a in schema), node.args))
+    given.update(node.kwargs)
+    value = {a.name: given.get(a.name, a.default_value) for a in schema}
+    if value.get("train", True) is False or value.get("training", True) is False:
+        return False
+    if value.get("num_layers") == 1:  # an RNN's dropout acts between layers only
+        return False
+    for p in ("dropout_p", "dropout"):
+        if p in value and type(value[p]) in (int, float) and value[p] == 0:
+            return False
+    return True
+
+
 def _check_graph(name: str, gm: torch.fx.GraphModule, flat: Flat) -> None:
     from torch._subclasses.fake_tensor import FakeTensor
 
@@ -324,10 +348,7 @@ def _check_graph(name: str, gm: torch.fx.GraphModule, flat: Flat) -> None:
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node in gm.graph.nodes:
         target = node.target
-        if (
-            isinstance(target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in target.tags
-        ):
+        if isinstance(target, torch._ops.OpOverload) and _draws(node, target):
             raise TransformError(GLOBAL_RANDOM.format(name=name, op=target))
         into = _written(node)
         if into is None:
