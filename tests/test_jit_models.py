@@ -1,0 +1,145 @@
+"""Every model and layer compiles under fd.jit, in eval and in keyed training.
+
+The models of test_hf_models.py and test_torch_models.py (as built: HF attention is
+torch's ``F.scaled_dot_product_attention``), nn.TransformerDecoder and the whole
+conformance registry, each traced in ONE fd.jit program that returns its eval output
+and its keyed-training output, against the eager calls (eval: the same; training:
+the same key gives eager's draws). The exhaustive walks run the traced graph
+(``backend="fx"``: the trace, the graph checks and the traced ops; it catches any
+refusal and any trace-level wrong answer); inductor compiles a representative
+subset in one program. Ops that still draw from torch's global generator are
+refused with the op, the module, the line and the way around.
+"""
+
+from __future__ import annotations
+
+import pytest
+import test_torch_models as tm
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import functd as fd
+from functd.testing import assert_close, assert_max_compiles
+from tests._support.conformance import ENTRIES, params_for
+
+try:
+    import test_hf_models as hf
+except pytest.skip.Exception:  # no transformers (the ``models`` extra)
+    hf = None
+
+FX = {"backend": "fx"}
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+# ---------------------------------------------------------------- the models
+def _decoder():
+    torch.manual_seed(0)
+    layer = nn.TransformerDecoderLayer(8, 2, 16, dropout=0.3, batch_first=True)
+    g = torch.Generator().manual_seed(0)
+    inputs = {"tgt": torch.randn(3, 4, 8, generator=g), "memory": torch.randn(3, 5, 8, generator=g)}
+    m = fd.Module(nn.TransformerDecoder(layer, 2), {f"td_{a}": a for a in inputs}, ["y"])
+    td = fd.TensorDict({f"td_{a}": v for a, v in inputs.items()}, [])
+    return m, fd.from_module(m), td
+
+
+def _model(name: str):
+    """(fd.Module in training mode, params, td, whether its training output draws)."""
+    if name == "transformer_decoder":
+        return (*_decoder(), True)
+    kind, _, case = name.partition(":")
+    _, m, params, td, _ = (hf if kind == "hf" else tm).make(case)
+    draws = not hf.CASES[case].stateful if kind == "hf" else tm.CASES[case].random
+    return m, params, td, draws  # (HF's ResNet has no dropout)
+
+
+MODELS = [f"torch:{n}" for n in sorted(tm.CASES)] + ["transformer_decoder"]
+MODELS += [f"hf:{n}" for n in sorted(hf.CASES)] if hf is not None else []
+
+
+def _run(m, params, td, key=None):
+    """The module's output td; ``(td, new_state)`` for a stateful one (BatchNorm)."""
+    if m.stateful:
+        return m.apply_with_state(params, td, key=key)
+    return m(params, td, key=key)
+
+
+def _both(m):
+    """``f(params, td, key) -> (eval output, keyed-training output)``: one program. The
+    eval call gets the key only when eval mode still draws (a Probabilistic module
+    sampling with InteractionType.RANDOM)."""
+    evaluate = fd.nn.eval_mode(m)
+    return lambda p, td, key: (
+        _run(evaluate, p, td, key if evaluate.random else None),
+        _run(m, p, td, key),
+    )
+
+
+def _check_jit_equals_eager(m, params, td, jitted, draws: bool = False) -> None:
+    """jit == eager in eval and in training with the same key (two keys); with
+    ``draws``, the two keys' training outputs differ (the test is not vacuous);
+    torch's global generator untouched."""
+    f, key = _both(m), fd.random.key(0)
+    rng = torch.get_rng_state()
+    with assert_max_compiles(1):
+        got = jitted(params, td, key)
+        other = jitted(params, td, fd.random.key(1))
+    assert torch.equal(rng, torch.get_rng_state())
+    assert_close(got, f(params, td, key), **TOL)
+    assert_close(other, f(params, td, fd.random.key(1)), **TOL)
+    if draws:
+        train, train_other = (fd.tree.leaves(out[1]) for out in (got, other))
+        assert any(not torch.equal(a, b) for a, b in zip(train, train_other))
+
+
+@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
+@pytest.mark.parametrize("name", MODELS)
+def test_every_model_traces_under_jit_in_eval_and_keyed_training(name):
+    m, params, td, draws = _model(name)
+    _check_jit_equals_eager(m, params, td, fd.jit(_both(m), **FX), draws)
+
+
+@pytest.mark.parametrize("name", sorted(ENTRIES))
+def test_every_registry_entry_traces_under_jit_in_eval_and_keyed_training(name):
+    m = ENTRIES[name].make()
+    params, td = params_for(m), ENTRIES[name].example()
+    _check_jit_equals_eager(m, params, td, fd.jit(_both(m), **FX))
+
+
+# ---------------------------------------------------------------- sdpa
+class Attention(nn.Module):
+    """A torch module calling F.scaled_dot_product_attention as HF models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 4)).permute(2, 0, 3, 1, 4).unbind(0)
+        p = 0.5 if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
+
+
+def test_sdpa_without_dropout_is_not_a_draw():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 2, 5, 4, generator=g) for _ in range(3))
+    mask = torch.rand(5, 5, generator=g) > 0.3
+
+    def f(q, k, v, mask):
+        return (
+            F.scaled_dot_product_attention(q, k, v),
+            F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True),
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0),
+            F.scaled_dot_product_attention(q, k[:, :1], v[:, :1], enable_gqa=True),
+        )
+
+    jitted = fd.jit(f, **FX)
+    assert "scaled_dot_product_flash_attention" in jitted.lower(q, k, v, mask).graph
+    assert_close(jitted(q, k, v, mask), f(q, k, v, mask), rtol=0, atol=0)
+
+
+def test_sdpa_dropout_in_a_torch_module_draws_from_the_key_under_jit():
+    m = fd.Module(Attention(), ["x"], ["y"])
+    params = fd.from_module(m)
+    td = fd.TensorDict({"x": torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0))}, [])
+    _check_jit_equals_eager(m, params, td, fd.jit(_both(m), **FX), draws=True)
