@@ -143,3 +143,86 @@ def test_sdpa_dropout_in_a_torch_module_draws_from_the_key_under_jit():
     params = fd.from_module(m)
     td = fd.TensorDict({"x": torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0))}, [])
     _check_jit_equals_eager(m, params, td, fd.jit(_both(m), **FX), draws=True)
+
+
+def test_eval_mode_called_inside_the_jitted_function():
+    """fd.nn.eval_mode of a wrapped torch module inside fd.jit (it copies the module's
+    meta copy; a copy that re-made its Parameters failed under the trace)."""
+    m = fd.Module(nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)), ["x"], ["y"])
+    params = fd.from_module(m)
+    td = fd.TensorDict({"x": torch.randn(2, 3, generator=torch.Generator().manual_seed(0))}, [2])
+    jitted = fd.jit(lambda p, td: fd.nn.eval_mode(m)(p, td)["y"], **FX)
+    assert_close(jitted(params, td), fd.nn.eval_mode(m)(params, td)["y"], rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------- refused draws
+class Noisy(nn.Module):
+    """Draws in eval mode too, where functd hands a torch module no key."""
+
+    def forward(self, x):
+        return x + torch.randn_like(x)
+
+
+class GammaNoise(nn.Module):
+    def forward(self, x):
+        return x * torch.distributions.Gamma(2.0, 1.0).rsample(x.shape)
+
+
+class Net(nn.Module):
+    def __init__(self, noise):
+        super().__init__()
+        self.lin, self.noise = nn.Linear(3, 3), noise
+
+    def forward(self, x):
+        return self.noise(self.lin(x))
+
+
+def _wrapped(noise, training):
+    m = fd.Module(Net(noise).train(training), ["x"], ["y"])
+    td = fd.TensorDict({"x": torch.ones(2, 3)}, [2])
+    return m, fd.from_module(m), td
+
+
+def test_a_draw_in_an_eval_mode_torch_module_names_op_module_line_and_fix():
+    m, params, td = _wrapped(Noisy(), training=False)
+    with pytest.raises(
+        fd.TransformError,
+        match=r"fd.jit\(<lambda>\): the function draws from torch's global generator "
+        r"\(aten.randn.default, from randn_like\(\.\.\.\)\) in Noisy \(submodule `noise`\) of "
+        r"Module\(Net -> 'y'\) at .*test_jit_models.py:\d+ "
+        r"\(`return x \+ torch.randn_like\(x\)`\).*Noisy draws in eval mode.*`self.training`",
+    ):
+        fd.jit(lambda p, td: m(p, td), **FX)(params, td)
+
+
+def test_a_draw_functd_does_not_key_in_training_names_it_and_the_fix():
+    m, params, td = _wrapped(GammaNoise(), training=True)
+    with pytest.raises(
+        fd.TransformError, match=r"\(aten._standard_gamma.default.*in GammaNoise.*no keyed version"
+    ):
+        fd.jit(lambda p, td, k: m(p, td, key=k), **FX)(params, td, fd.random.key(0))
+    with pytest.raises(RuntimeError, match=r"drew from torch's global generator"):  # eager
+        m(params, td, key=fd.random.key(0))
+
+
+def test_sdpa_dropout_outside_a_module_is_refused_pointing_to_the_keyed_sdpa():
+    q = torch.ones(1, 2, 3, 4)
+    with pytest.raises(
+        fd.TransformError,
+        match=r"from scaled_dot_product_attention\(\.\.\.\)\) at .*test_jit_models.py:\d+.*"
+        r"fd.nn.scaled_dot_product_attention\(q, k, v, dropout_p=p, key=key\)",
+    ):
+        fd.jit(lambda q: F.scaled_dot_product_attention(q, q, q, dropout_p=0.1), **FX)(q)
+    key = fd.random.key(0)
+    keyed = fd.jit(
+        lambda q, k: fd.nn.scaled_dot_product_attention(q, q, q, dropout_p=0.5, key=k), **FX
+    )
+    assert_close(keyed(q, key), fd.nn.scaled_dot_product_attention(q, q, q, dropout_p=0.5, key=key))
+
+
+def test_a_draw_in_a_loop_step_is_refused_under_jit():
+    def f(x):
+        return fd.scan(lambda c, _: (c + torch.rand(3), c), x, None, length=3)
+
+    with pytest.raises(fd.TransformError, match=r"\(aten.rand.default, from rand\(\.\.\.\)\) at "):
+        fd.jit(f, **FX)(torch.zeros(3))

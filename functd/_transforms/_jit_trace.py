@@ -107,10 +107,11 @@ FIX_EVAL_MODULE = (
     "model without fd.jit."
 )
 FIX_HIDDEN = (
-    "functd answers the random functions a torch module in training mode calls (F.dropout, "
-    "torch.rand, ...) with draws from the call's key=, but this draw runs inside another "
-    "torch function: call the random function in forward directly, or call the model "
-    "without fd.jit."
+    "In a torch module in training mode functd answers the random functions it knows "
+    "(F.dropout, torch.rand, torch.normal, ...) with draws from the call's key=; this draw "
+    "comes from one it has no keyed version of, or runs inside another torch function: "
+    "draw with one of those (or pass the noise in as an input drawn with fd.random), or "
+    "call the model without fd.jit."
 )
 TRACED_CONSTANT = (
     "{name}: a loop's step (fd.scan, or torch's scan/while_loop op) reads a traced tensor "
