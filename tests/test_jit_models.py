@@ -106,6 +106,42 @@ def test_every_registry_entry_traces_under_jit_in_eval_and_keyed_training(name):
     _check_jit_equals_eager(m, params, td, fd.jit(_both(m), **FX))
 
 
+# ---------------------------------------------------------------- inductor
+# A representative subset (a compile costs seconds per model; several models in one
+# program compile slower than apart): HF attention through sdpa (GPT-2; Llama's
+# grouped-query heads), TransformerDecoder and an LSTM in eval; keyed training of
+# sdpa's dropout and of a CNN (dropout, BatchNorm statistics) in one program.
+EVAL_SUBSET = ["transformer_decoder", "torch:lstm"]
+EVAL_SUBSET += ["hf:gpt2", "hf:llama"] if hf is not None else []
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("name", EVAL_SUBSET)
+def test_inductor_compiles_models_in_eval(name):
+    m, params, td = _model(name)[:3]
+    evaluate = fd.nn.eval_mode(m)
+    with assert_max_compiles(1):
+        got = fd.jit(lambda p, td: _run(evaluate, p, td))(params, td)
+    assert_close(got, _run(evaluate, params, td), **TOL)
+
+
+@pytest.mark.compile
+def test_inductor_compiles_keyed_training():
+    attention = fd.Module(Attention(), ["x"], ["y"])
+    cnn, cnn_params, cnn_td = _model("torch:cnn")[:3]
+    x = torch.randn(3, 5, 8, generator=torch.Generator().manual_seed(0))
+    a_params, a_td = fd.from_module(attention), fd.TensorDict({"x": x}, [])
+
+    def f(a_params, a_td, cnn_params, cnn_td, key):
+        keys = fd.random.split(key, 2)
+        return _run(attention, a_params, a_td, keys[0]), _run(cnn, cnn_params, cnn_td, keys[1])
+
+    args = (a_params, a_td, cnn_params, cnn_td, fd.random.key(0))
+    with assert_max_compiles(1):
+        got = fd.jit(f)(*args)
+    assert_close(got, f(*args), **TOL)
+
+
 # ---------------------------------------------------------------- sdpa
 class Attention(nn.Module):
     """A torch module calling F.scaled_dot_product_attention as HF models do."""

@@ -379,12 +379,12 @@ def _draw_site(op: Any, fn: Callable, fakes: list) -> tuple[str, str, str]:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class _Called(TorchFunctionMode):  # the torch function the Python code called
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             self.func = func
             return func(*args, **(kwargs or {}))
 
     class _FindDraw(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             if _draws(func, args, kwargs or {}):
                 raise _Draw(func, sys._getframe(1))
             return func(*args, **(kwargs or {}))
