@@ -43,11 +43,54 @@ def _decoder():
     return m, fd.from_module(m), td
 
 
+def _issue_models() -> dict:
+    """The models the issue names beside those of test_hf_models.py (DistilBERT, RoBERTa,
+    Qwen2), built the same way: small random configs, dropout on, default attention."""
+    T, q = hf.T, hf._quiet
+    return {
+        "distilbert": (
+            lambda: T.DistilBertModel(q(
+                T.DistilBertConfig, n_layers=1, n_heads=2, dim=16, hidden_dim=32,
+                vocab_size=100, max_position_embeddings=16, dropout=0.2, attention_dropout=0.2,
+            )),
+            "last_hidden_state",
+        ),
+        "roberta": (
+            lambda: T.RobertaModel(q(
+                T.RobertaConfig, num_hidden_layers=1, num_attention_heads=2, hidden_size=16,
+                intermediate_size=32, vocab_size=100, max_position_embeddings=16,
+                hidden_dropout_prob=0.2, attention_probs_dropout_prob=0.2,
+            )),
+            "last_hidden_state",
+        ),
+        "qwen2": (
+            lambda: T.Qwen2ForCausalLM(q(
+                T.Qwen2Config, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                hidden_size=16, intermediate_size=32, vocab_size=100, max_position_embeddings=16,
+                attention_dropout=0.2,
+            )),
+            "logits",
+        ),
+    }  # fmt: skip
+
+
+def _issue_model(name: str):
+    build, out = _issue_models()[name]
+    torch.manual_seed(0)
+    model = build()
+    assert model.config._attn_implementation == "sdpa"  # as built: torch's fused attention
+    inputs = {"attention_mask": hf._mask(), "input_ids": hf._ids()}
+    m = fd.Module(model, {f"td_{a}": a for a in inputs}, [out])
+    return m, fd.from_module(m), fd.TensorDict({f"td_{a}": v for a, v in inputs.items()}, [2])
+
+
 def _model(name: str):
     """(fd.Module in training mode, params, td, whether its training output draws)."""
     if name == "transformer_decoder":
         return (*_decoder(), True)
     kind, _, case = name.partition(":")
+    if kind == "issue":
+        return (*_issue_model(case), True)
     _, m, params, td, _ = (hf if kind == "hf" else tm).make(case)
     draws = not hf.CASES[case].stateful if kind == "hf" else tm.CASES[case].random
     return m, params, td, draws  # (HF's ResNet has no dropout)
@@ -55,6 +98,7 @@ def _model(name: str):
 
 MODELS = [f"torch:{n}" for n in sorted(tm.CASES)] + ["transformer_decoder"]
 MODELS += [f"hf:{n}" for n in sorted(hf.CASES)] if hf is not None else []
+MODELS += [f"issue:{n}" for n in sorted(_issue_models())] if hf is not None else []
 
 
 def _run(m, params, td, key=None):

@@ -389,10 +389,13 @@ def _draw_site(op: Any, fn: Callable, fakes: list) -> tuple[str, str, str]:
                 raise _Draw(func, sys._getframe(1))
             return func(*args, **(kwargs or {}))
 
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # the trace's fake mode (a function of no tensors: a new one), so nothing runs for real
     mode = next((t.fake_mode for t in fakes if hasattr(t, "fake_mode")), None)
+    fake = mode or FakeTensorMode(allow_non_fake_inputs=True)
     called = _Called()
     try:
-        fake = mode or contextlib.nullcontext()
         with _tracing(), torch.enable_grad(), fake, _FindDraw(), called:
             fn(*fakes)
     except _Draw as found:
