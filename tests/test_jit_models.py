@@ -7,7 +7,7 @@ and its keyed-training output, against the eager calls (eval: the same; training
 the same key gives eager's draws). The exhaustive walks run the traced graph
 (``backend="fx"``: the trace, the graph checks and the traced ops; it catches any
 refusal and any trace-level wrong answer); inductor compiles a representative
-subset in one program. Ops that still draw from torch's global generator are
+subset (marked ``compile``). Ops that still draw from torch's global generator are
 refused with the op, the module, the line and the way around.
 """
 
@@ -41,6 +41,19 @@ def _decoder():
     m = fd.Module(nn.TransformerDecoder(layer, 2), {f"td_{a}": a for a in inputs}, ["y"])
     td = fd.TensorDict({f"td_{a}": v for a, v in inputs.items()}, [])
     return m, fd.from_module(m), td
+
+
+class Attention(nn.Module):
+    """A torch module calling F.scaled_dot_product_attention as HF models do."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(8, 24)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 4)).permute(2, 0, 3, 1, 4).unbind(0)
+        p = 0.5 if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
 
 
 def _issue_models() -> dict:
@@ -136,7 +149,6 @@ def _check_jit_equals_eager(m, params, td, jitted, draws: bool = False) -> None:
         assert any(not torch.equal(a, b) for a, b in zip(train, train_other))
 
 
-@pytest.mark.filterwarnings("ignore:enable_nested_tensor is True")
 @pytest.mark.parametrize("name", MODELS)
 def test_every_model_traces_under_jit_in_eval_and_keyed_training(name):
     m, params, td, draws = _model(name)
@@ -181,19 +193,6 @@ def test_inductor_compiles_sdpa_attention_in_eval_and_keyed_training():
 
 
 # ---------------------------------------------------------------- sdpa
-class Attention(nn.Module):
-    """A torch module calling F.scaled_dot_product_attention as HF models do."""
-
-    def __init__(self):
-        super().__init__()
-        self.qkv = nn.Linear(8, 24)
-
-    def forward(self, x):
-        q, k, v = self.qkv(x).unflatten(-1, (3, 2, 4)).permute(2, 0, 3, 1, 4).unbind(0)
-        p = 0.5 if self.training else 0.0
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
-
-
 def test_sdpa_without_dropout_is_not_a_draw():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 2, 5, 4, generator=g) for _ in range(3))
