@@ -28,6 +28,7 @@ import contextlib
 import enum
 import linecache
 import os
+import sys
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -89,10 +90,30 @@ MUTATES_CONSTANT = (
     "Pass the tensor as an argument and return its new value."
 )
 GLOBAL_RANDOM = (
-    "{name}: the function draws from torch's global generator ({op}), a global side "
-    "effect a compiled function would replay with frozen state. In functd randomness "
-    "comes from keys: pass a key as an argument (fd.random.key(0)) and draw with "
-    "fd.random.normal(key, shape) or call modules with key=."
+    "{name}: the function draws from torch's global generator ({op}){site}, a global side "
+    "effect a compiled function would replay with frozen state. {fix}"
+)
+FIX_KEYS = (
+    "In functd randomness comes from keys: pass a key as an argument (fd.random.key(0)) "
+    "and draw with fd.random.normal(key, shape) or call modules with key=."
+)
+FIX_ATTENTION = (
+    "Draw attention dropout from a key: fd.nn.scaled_dot_product_attention(q, k, v, "
+    "dropout_p=p, key=key) (functd answers torch's F.scaled_dot_product_attention with it "
+    "in a torch module in training mode called with key=), or pass dropout_p=0.0."
+)
+FIX_EVAL_MODULE = (
+    "{module} draws in eval mode, where functd gives a torch module no key: draw only when "
+    "`self.training` (then functd answers torch.rand, F.dropout, ... with draws from the "
+    "call's key=), or pass the noise in as an input drawn with fd.random; or call the "
+    "model without fd.jit."
+)
+FIX_HIDDEN = (
+    "In a torch module in training mode functd answers the random functions it knows "
+    "(F.dropout, torch.rand, torch.normal, ...) with draws from the call's key=; this draw "
+    "comes from one it has no keyed version of, or runs inside another torch function: "
+    "draw with one of those (or pass the noise in as an input drawn with fd.random), or "
+    "call the model without fd.jit."
 )
 TRACED_CONSTANT = (
     "{name}: a loop's step (fd.scan, or torch's scan/while_loop op) reads a traced tensor "
@@ -501,7 +522,7 @@ def trace(
         raise
     out, paths, leaves, spec = box.pop()
     t.gm, t.fakes, t.shape_env, t.dyn = gm, fakes, env, dyn
-    _check_graph(name, gm, flat)
+    _check_graph(name, gm, flat, lambda: (flat_fn, fakes))
     _check_outputs(name, paths, leaves)
     t.out_spec = spec
     t.out_leaves = [None if isinstance(v, Tensor) else v for v in leaves]
@@ -531,7 +552,131 @@ def _written(node: torch.fx.Node):
     return None
 
 
-def _check_graph(name: str, gm: torch.fx.GraphModule, flat: Flat) -> None:
+def _draws(op: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether a call of ``op`` draws from torch's global generator: the op is tagged
+    ``nondeterministic_seeded`` and its arguments do not rule the draw out. torch tags
+    an op by what it may do: the fused attention kernels whatever their ``dropout_p``,
+    ``aten.lstm``/``gru``/``rnn_*`` whatever their ``dropout``, dropout whatever its
+    ``train``. ``dropout_p`` or ``dropout`` 0 (attention in eval), one RNN layer (its
+    dropout acts between layers) or ``train``/``training`` False draw nothing."""
+    if not isinstance(op, torch._ops.OpOverload):
+        return False
+    if torch.Tag.nondeterministic_seeded not in op.tags:
+        return False
+    schema = op._schema.arguments
+    value = {a.name: a.default_value for a in schema}
+    value.update(zip((a.name for a in schema), args))
+    value.update(kwargs)
+    if value.get("train") is False or value.get("training") is False:
+        return False
+    if value.get("num_layers") == 1:
+        return False
+    return not any(type(value.get(p)) in (int, float) and value[p] == 0 for p in _DROPOUT)
+
+
+_DROPOUT = ("dropout_p", "dropout")
+
+
+class _Draw(Exception):
+    """Raised by ``_FindDraw`` at the first draw, with the Python frame that made it."""
+
+    def __init__(self, op: Any, frame: Any) -> None:
+        super().__init__()
+        self.op, self.frame = op, frame
+
+
+def _draw_site(op: Any, fn: Callable, fakes: list) -> tuple[str, str, str]:
+    """``(op, site, fix)`` for the draw ``op`` the graph holds: the op as torch code
+    called it (the graph's may come from its decomposition), `` in <torch module>
+    (submodule `path`) of <functd module> at file:line (`code`)`` and the way around.
+    Runs ``fn`` once more on the fakes under a dispatch mode that stops at the first
+    drawing op: only a refusal pays for finding the site, the trace records no stacks.
+    Without a site (the run did not reach the draw): ``(op, "", fix)``."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class _Called(TorchFunctionMode):  # the torch function the Python code called
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.func = func
+            return func(*args, **(kwargs or {}))
+
+    class _FindDraw(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if _draws(func, args, kwargs or {}):
+                raise _Draw(func, sys._getframe(1))
+            return func(*args, **(kwargs or {}))
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    # the trace's fake mode (a function of no tensors: a new one), so nothing runs for real
+    mode = next((t.fake_mode for t in fakes if hasattr(t, "fake_mode")), None)
+    fake = mode or FakeTensorMode(allow_non_fake_inputs=True)
+    called = _Called()
+    try:
+        with _tracing(), torch.enable_grad(), fake, _FindDraw(), called:
+            fn(*fakes)
+    except _Draw as found:
+        site, module = _site(found.frame, fn.__code__)
+        name = getattr(getattr(called, "func", None), "__name__", None)
+        via = f"{name}(...)" if name else found.op if found.op != op else None
+        shown = f"{op}, from {via}" if via else str(op)
+        return shown, site, _fix(found.op, name, module)
+    except Exception:  # the refusal stands; only its site is unknown
+        pass
+    return str(op), "", _fix(op, None, None)
+
+
+def _site(frame: Any, stop: Any) -> tuple[str, torch.nn.Module | None]:
+    """The site's text and the innermost torch module, from the frames between a draw
+    and ``stop`` (the traced function's code): the innermost torch module's
+    ``forward``, its path in the module a ``FunctionalCall`` runs, the innermost
+    functd module, and the innermost line outside torch."""
+    from .._modules._call import ModuleKind
+    from ..nn._functional_call import FunctionalCall
+
+    at = torch_module = root = label = None
+    while frame is not None and frame.f_code is not stop:
+        code, me = frame.f_code, frame.f_locals.get("self")
+        if at is None and not code.co_filename.startswith((_TORCH_DIR, __file__)):
+            line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+            at = f" at {code.co_filename}:{frame.f_lineno} (`{line}`)"
+        if torch_module is None and code.co_name == "forward" and isinstance(me, torch.nn.Module):
+            torch_module = me
+        if root is None and isinstance(me, FunctionalCall):
+            root = me.module
+        if label is None and isinstance(me, ModuleKind):
+            label = me._label()
+        frame = frame.f_back
+    where = []
+    if torch_module is not None:
+        named = root.named_modules() if root is not None else ()
+        path = next((n for n, m in named if m is torch_module and n), None)
+        where.append(type(torch_module).__name__ + (f" (submodule `{path}`)" if path else ""))
+    if label is not None:
+        where.append(f"of {label}" if where else label)
+    return (" in " + " ".join(where) if where else "") + (at or ""), torch_module
+
+
+def _fix(op: Any, called: str | None, module: torch.nn.Module | None) -> str:
+    """The way around a draw of ``op`` (from the torch function ``called``, in the
+    torch module ``module``)."""
+    if called == "scaled_dot_product_attention" or any(
+        a.name == "dropout_p" for a in op._schema.arguments
+    ):
+        return FIX_ATTENTION
+    if module is None:
+        return FIX_KEYS
+    if not module.training:
+        return FIX_EVAL_MODULE.format(module=type(module).__name__)
+    return FIX_HIDDEN
+
+
+def _check_graph(
+    name: str, gm: torch.fx.GraphModule, flat: Flat, again: Callable[[], tuple] | None = None
+) -> None:
+    """Refuse writes into inputs or closed-over tensors, draws from torch's global
+    generator and traced constants in loop steps. ``again()`` runs the function once
+    more as traced (``(fn, fakes)``), to find where a draw happened."""
     from torch._subclasses.fake_tensor import FakeTensor
 
     for sub_name, sub in gm.named_modules():
@@ -539,14 +684,15 @@ def _check_graph(name: str, gm: torch.fx.GraphModule, flat: Flat) -> None:
             if isinstance(getattr(sub, str(node.target), None), FakeTensor):
                 attr = f"{sub_name}.{node.target}"
                 raise TransformError(TRACED_CONSTANT.format(name=name, attr=attr))
+        for node in sub.graph.nodes:  # a loop's step (a subgraph) too
+            if _draws(node.target, node.args, node.kwargs):
+                op, site, fix = (
+                    _draw_site(node.target, *again()) if again else (node.target, "", FIX_KEYS)
+                )
+                raise TransformError(GLOBAL_RANDOM.format(name=name, op=op, site=site, fix=fix))
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node in gm.graph.nodes:
         target = node.target
-        if (
-            isinstance(target, torch._ops.OpOverload)
-            and torch.Tag.nondeterministic_seeded in target.tags
-        ):
-            raise TransformError(GLOBAL_RANDOM.format(name=name, op=target))
         into = _written(node)
         if into is None:
             continue

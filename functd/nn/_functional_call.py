@@ -152,7 +152,7 @@ class FunctionalCall(Layer):
         meta copy: nothing is written); ``self`` when every submodule is in that mode."""
         if all(m.training == training for m in self.module.modules()):
             return self
-        return FunctionalCall(copy.deepcopy(self.module).train(training))
+        return FunctionalCall(meta_copy(self.module).train(training))
 
     def frozen_paths(self) -> tuple[tuple[str, ...], ...]:
         """Paths of the parameters that had ``requires_grad=False`` when wrapped."""
@@ -256,7 +256,9 @@ def meta_copy(module: nn.Module) -> nn.Module:
     """``deepcopy(module).to("meta")`` without copying the real parameters and buffers."""
     memo: dict[int, Any] = {}
     for t in chain(module.parameters(), module.buffers()):
-        if type(t) is nn.Parameter:
+        if t.device.type == "meta":  # shared: a placeholder without storage, never written
+            memo[id(t)] = t
+        elif type(t) is nn.Parameter:
             memo[id(t)] = nn.Parameter(torch.empty_like(t, device="meta"), t.requires_grad)
         elif type(t) is Tensor:
             memo[id(t)] = torch.empty_like(t, device="meta")
