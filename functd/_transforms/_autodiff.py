@@ -532,7 +532,7 @@ def jvp(f: Callable, primals: tuple, tangents: tuple, *, has_aux: bool = False) 
         def build(g: Callable) -> Callable:
             return lambda p, t: jvp(g, p, t, has_aux=has_aux)
 
-        return derived(f, ("jvp", has_aux), build, static=False)(primals, tangents)  # type: ignore[no-any-return]
+        return derived(f, ("jvp", has_aux), build, static=False)(primals, tangents)
 
     def checked(*args: Any) -> Any:
         out = f(*args)
@@ -597,6 +597,6 @@ def _vjp_jitted(where: str, f: Any, primals: tuple, has_aux: bool) -> tuple[Any,
 
     def vjp_fn(cotangents: Any) -> tuple[Any, ...]:
         _check_like(where, cotangents, out, "cotangents", "output")
-        return backward(primals, cotangents)  # type: ignore[no-any-return]
+        return backward(primals, cotangents)
 
     return (out, vjp_fn, aux) if has_aux else (out, vjp_fn)

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import linecache
 import os
-import sys
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -38,6 +36,8 @@ import torch
 from torch import Tensor
 
 from .._td._tree import NAMESPACE
+from ._jit_draws import FIX_KEYS, GLOBAL_RANDOM, draw_site, draws
+from ._jit_operands import decompositions, refused_safely
 from ._signature import Flat, by_bits
 from ._vmap import TransformError
 
@@ -89,54 +89,11 @@ MUTATES_CONSTANT = (
     "effect, which a compiled function cannot repeat (the trace already ran it once). "
     "Pass the tensor as an argument and return its new value."
 )
-GLOBAL_RANDOM = (
-    "{name}: the function draws from torch's global generator ({op}){site}, a global side "
-    "effect a compiled function would replay with frozen state. {fix}"
-)
-FIX_KEYS = (
-    "In functd randomness comes from keys: pass a key as an argument (fd.random.key(0)) "
-    "and draw with fd.random.normal(key, shape) or call modules with key=."
-)
-FIX_ATTENTION = (
-    "Draw attention dropout from a key: fd.nn.scaled_dot_product_attention(q, k, v, "
-    "dropout_p=p, key=key) (functd answers torch's F.scaled_dot_product_attention with it "
-    "in a torch module in training mode called with key=), or pass dropout_p=0.0."
-)
-FIX_EVAL_MODULE = (
-    "{module} draws in eval mode, where functd gives a torch module no key: draw only when "
-    "`self.training` (then functd answers torch.rand, F.dropout, ... with draws from the "
-    "call's key=), or pass the noise in as an input drawn with fd.random; or call the "
-    "model without fd.jit."
-)
-FIX_HIDDEN = (
-    "In a torch module in training mode functd answers the random functions it knows "
-    "(F.dropout, torch.rand, torch.normal, ...) with draws from the call's key=; this draw "
-    "comes from one it has no keyed version of, or runs inside another torch function: "
-    "draw with one of those (or pass the noise in as an input drawn with fd.random), or "
-    "call the model without fd.jit."
-)
 TRACED_CONSTANT = (
     "{name}: a loop's step (fd.scan, or torch's scan/while_loop op) reads a traced tensor "
     "as a constant ({attr}) that could not be made an input of the loop; the compiled "
     "code would read garbage. Pass the tensor through the loop's carry or xs."
 )
-BAD_OPERANDS = (
-    "{name}: {op} refuses its operands {operands}{at}: {why}. Eager PyTorch refuses "
-    "these arguments too (fd.jit checks them at the first call of each signature, "
-    "before any compiled code runs). {fix}"
-)
-_WHY = {
-    "dtype": (
-        "they have different dtypes and this op does not promote",
-        "Convert one of them: before the call (`p.to(torch.float32)`) or inside the "
-        "function (`x.to(p.dtype)`).",
-    ),
-    "device": (
-        "they are on different devices",
-        "Move the arguments to one device before the call (`td.to(device)`).",
-    ),
-    "shape": ("{msg}", "Check the shapes of these arguments."),
-}
 BAD_OUTPUT = (
     "{name}: the output {path} is a {kind}, not a tensor or a plain Python value; a "
     "jitted function returns pytrees of tensors (TensorDicts, tuples, dicts). {fix}"
@@ -259,15 +216,6 @@ def _user_frame(tb) -> str:
     return f" at {f.filename}:{f.lineno} (`{(f.line or '').strip()}`)"
 
 
-def _user_frame_of(frames: list) -> str:
-    """``_user_frame`` of the innermost of ``frames`` (frame objects)."""
-    if not frames:
-        return ""
-    fr = frames[-1]
-    line = linecache.getline(fr.f_code.co_filename, fr.f_lineno).strip()
-    return f" at {fr.f_code.co_filename}:{fr.f_lineno} (`{line}`)"
-
-
 def _translate(name: str, e: BaseException) -> BaseException | None:
     from torch._subclasses.fake_tensor import (
         DataDependentOutputException,
@@ -288,193 +236,6 @@ def _translate(name: str, e: BaseException) -> BaseException | None:
         op = e.func if hasattr(e, "func") else msg
         return TransformError(NO_FAKE.format(name=name, op=op, at=at, msg=msg))
     return None
-
-
-# ------------------------------------------------------------------ operand checks
-class _MixedDtypes(RuntimeError):
-    """Raised during a trace by an op that eager PyTorch runs only on operands of one
-    dtype (fake tensors do not check it); ``_refused`` rewrites it."""
-
-
-def _same_dtype_ops() -> dict:
-    """Op -> the operands eager PyTorch requires to share a dtype. ``?``: only on the
-    CPU (a ``bias``-like operand: CUDA takes an fp32 one for some); ``~``: unless it
-    has no dims (eager takes a 0-dim lerp weight of any float dtype)."""
-    A = torch.ops.aten
-    mat, batches = ("self", "mat2"), ("?self", "batch1", "batch2")
-    return {
-        A.mm.default: mat,
-        A.bmm.default: mat,
-        A.addmm.default: ("?self", "mat1", "mat2"),
-        A.baddbmm.default: batches,
-        A.addbmm.default: batches,
-        A.mv.default: ("self", "vec"),
-        A.addmv.default: ("?self", "mat", "vec"),
-        A.dot.default: ("self", "tensor"),
-        A.vdot.default: ("self", "tensor"),
-        A.convolution.default: ("input", "weight", "bias"),
-        A.linalg_cross.default: ("self", "other"),
-        A.lerp.Scalar: ("self", "end"),
-        A.lerp.Tensor: ("self", "end", "~weight"),
-        A.index_put.default: ("self", "values"),
-    }
-
-
-def _bound(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
-    """An op's call as {schema argument name: value}."""
-    out = {}
-    for i, a in enumerate(op._schema.arguments):
-        out[a.name] = args[i] if i < len(args) else kwargs.get(a.name, a.default_value)
-    return out
-
-
-def _checked(op: torch._ops.OpOverload, names: tuple, decomp: Callable | None) -> Callable:
-    """A decomposition-table entry for ``op``: raises ``_MixedDtypes`` when the operands
-    ``names`` differ in dtype, else defers to ``decomp`` (None: no decomposition)."""
-
-    def check(*args: Any, **kwargs: Any) -> Any:
-        bound = _bound(op, args, kwargs)
-        vals = []
-        for n in names:
-            v = bound.get(n.lstrip("?~"))
-            if not isinstance(v, Tensor) or (n[0] == "?" and v.device.type != "cpu"):
-                continue
-            if not (n[0] == "~" and v.dim() == 0):
-                vals.append(v)
-        if len({v.dtype for v in vals}) > 1:
-            raise _MixedDtypes(f"{op} takes operands of one dtype")
-        return NotImplemented if decomp is None else decomp(*args, **kwargs)
-
-    return check
-
-
-def _decompositions() -> dict:
-    """Inductor's decomposition table with the dtype checks of ``_same_dtype_ops``."""
-    from torch._inductor.decomposition import select_decomp_table
-
-    table = dict(select_decomp_table())
-    for op, names in _same_dtype_ops().items():
-        table[op] = _checked(op, names, table.get(op))
-    return table
-
-
-def _frames(tb: Any) -> list:
-    out = []
-    while tb is not None:
-        out.append(tb.tb_frame)
-        tb = tb.tb_next
-    return out
-
-
-def _is_torch(frame: Any) -> bool:
-    return str(frame.f_code.co_filename).startswith(_TORCH_DIR)
-
-
-# where torch checks an op's operands: torch._check, a C++ kernel called from
-# OpOverload.__call__, fake/meta kernels, references, decompositions (not, e.g., the
-# custom-op machinery saying an op has no fake kernel)
-_CHECKERS = ("__init__.py", "_ops.py", "_subclasses", "_meta_registrations.py", "_refs", "_prims")
-_OP_CHECKS = tuple(os.path.join(_TORCH_DIR, p) for p in (*_CHECKERS, "_decomp", "_inductor"))
-
-
-def _refused(name: str, e: BaseException, flat: Flat) -> BaseException | None:
-    """``e`` as a functd error naming the op and its operands (dtype, shape, device,
-    and the argument paths they come from), when an op refused its operands during
-    the trace: its fake kernel raised (shapes, devices, some dtypes) or
-    ``_same_dtype_ops`` did. None for any other error."""
-    if not isinstance(e, RuntimeError) or isinstance(e, TransformError):
-        return None
-    frames = _frames(e.__traceback__)
-    calls = [
-        i for i, fr in enumerate(frames) if fr.f_code.co_name == "proxy_call" and _is_torch(fr)
-    ]
-    if not calls:
-        return None
-    k = calls[-1]  # the innermost op being traced
-    if not isinstance(e, _MixedDtypes) and (
-        not all(_is_torch(fr) for fr in frames[k + 1 :])
-        or not frames[-1].f_code.co_filename.startswith(_OP_CHECKS)
-    ):
-        return None  # not an op's check of its operands
-    loc = frames[k].f_locals
-    op, mode = loc.get("func"), loc.get("proxy_mode")
-    if not isinstance(op, torch._ops.OpOverload):
-        return None
-    outer = next(
-        (fr.f_locals.get("tracer") for fr in frames if fr.f_code.co_name == "dispatch_trace"),
-        None,
-    )
-    tracer = getattr(mode, "tracer", None)
-    bound = _bound(op, tuple(loc.get("args") or ()), dict(loc.get("kwargs") or {}))
-    tensors = {n: v for n, v in bound.items() if isinstance(v, Tensor)}
-    paths = flat.paths() if tracer is not None and tracer is outer else None
-    msg = str(e).split("\n")[0].strip().rstrip(".")
-    kind = "shape"
-    if len({v.device for v in tensors.values()}) > 1:
-        kind = "device"
-    elif isinstance(e, _MixedDtypes) or (
-        len({v.dtype for v in tensors.values()}) > 1 and ("dtype" in msg or "type" in msg)
-    ):
-        kind = "dtype"
-    why, fix = _WHY[kind]
-    if not isinstance(e, _MixedDtypes):
-        why = why.format(msg=msg) + ("" if kind == "shape" else f" (torch: {msg})")
-    operands = ", ".join(
-        _operand(n, v, kind == "device", _sources(v, tracer, paths)) for n, v in tensors.items()
-    )
-    at = _user_frame_of([fr for fr in frames[:k] if not _is_torch(fr)])
-    return TransformError(
-        BAD_OPERANDS.format(name=name, op=op, operands=operands, at=at, why=why, fix=fix)
-    )
-
-
-def _refused_safely(name: str, e: BaseException, flat: Flat) -> BaseException | None:
-    """``_refused``, or None where reading torch's frames fails (torch's error then)."""
-    try:
-        return _refused(name, e, flat)
-    except Exception:
-        return None
-
-
-def _operand(n: str, v: Tensor, device: bool, sources: list[str] | None) -> str:
-    """``self: float32[4, 3] (from args[1]['x'])``; ``sources`` None: not known."""
-    dtype = str(v.dtype).replace("torch.", "")
-    where = f" on {v.device}" if device else ""
-    if sources is None:
-        return f"{n}: {dtype}{list(v.shape)}{where}"
-    src = f"from {', '.join(sources)}" if sources else "computed in the function"
-    return f"{n}: {dtype}{list(v.shape)}{where} ({src})"
-
-
-def _sources(v: Tensor, tracer: Any, paths: list[str] | None, limit: int = 3) -> list | None:
-    """The argument paths ``v`` was computed from without a dtype change (through
-    views, copies, arithmetic with its own dtype): the graph's placeholders reached
-    from its node through nodes of its dtype; at most ``limit``. None when not known
-    (``paths`` None: an op inside a loop's body, traced apart)."""
-    if paths is None:
-        return None
-    from torch.fx.experimental.proxy_tensor import get_proxy_slot
-
-    slot = get_proxy_slot(v, tracer, None)
-    node = getattr(getattr(slot, "proxy", None), "node", None)
-    if node is None:
-        return []
-    order = {n: i for i, n in enumerate(tracer.graph.find_nodes(op="placeholder"))}
-    found: list[str] = []
-    seen, stack = {node}, [node]
-    while stack and len(seen) < 1000:
-        n = stack.pop()
-        if n in order:
-            if order[n] < len(paths):
-                found.append(paths[order[n]])
-            continue
-        for m in n.all_input_nodes:
-            val = m.meta.get("val")
-            if m not in seen and isinstance(val, Tensor) and val.dtype == v.dtype:
-                seen.add(m)
-                stack.append(m)
-    found = sorted(set(found), key=paths.index)
-    return found[:limit] + (["..."] if len(found) > limit else [])
 
 
 def trace(
@@ -513,9 +274,9 @@ def trace(
     fn = torch.func.functionalize(flat_fn, remove="mutations")
     try:
         with _tracing(), torch.enable_grad():
-            gm = make_fx(fn, decomposition_table=_decompositions(), tracing_mode="fake")(*fakes)
+            gm = make_fx(fn, decomposition_table=decompositions(), tracing_mode="fake")(*fakes)
     except Exception as e:
-        ours = _translate(name, e) or _refused_safely(name, e, flat)
+        ours = _translate(name, e) or refused_safely(name, e, flat)
         if ours is not None:
             raise ours from e
         e.add_note(f"(raised while {name} traced the function on tensors without values)")  # type: ignore[attr-defined]
@@ -552,125 +313,6 @@ def _written(node: torch.fx.Node):
     return None
 
 
-def _draws(op: Any, args: tuple, kwargs: dict) -> bool:
-    """Whether a call of ``op`` draws from torch's global generator: the op is tagged
-    ``nondeterministic_seeded`` and its arguments do not rule the draw out. torch tags
-    an op by what it may do: the fused attention kernels whatever their ``dropout_p``,
-    ``aten.lstm``/``gru``/``rnn_*`` whatever their ``dropout``, dropout whatever its
-    ``train``. ``dropout_p`` or ``dropout`` 0 (attention in eval), one RNN layer (its
-    dropout acts between layers) or ``train``/``training`` False draw nothing."""
-    if not isinstance(op, torch._ops.OpOverload):
-        return False
-    if torch.Tag.nondeterministic_seeded not in op.tags:
-        return False
-    schema = op._schema.arguments
-    value = {a.name: a.default_value for a in schema}
-    value.update(zip((a.name for a in schema), args))
-    value.update(kwargs)
-    if value.get("train") is False or value.get("training") is False:
-        return False
-    if value.get("num_layers") == 1:
-        return False
-    return not any(type(value.get(p)) in (int, float) and value[p] == 0 for p in _DROPOUT)
-
-
-_DROPOUT = ("dropout_p", "dropout")
-
-
-class _Draw(Exception):
-    """Raised by ``_FindDraw`` at the first draw, with the Python frame that made it."""
-
-    def __init__(self, op: Any, frame: Any) -> None:
-        super().__init__()
-        self.op, self.frame = op, frame
-
-
-def _draw_site(op: Any, fn: Callable, fakes: list) -> tuple[str, str, str]:
-    """``(op, site, fix)`` for the draw ``op`` the graph holds: the op as torch code
-    called it (the graph's may come from its decomposition), `` in <torch module>
-    (submodule `path`) of <functd module> at file:line (`code`)`` and the way around.
-    Runs ``fn`` once more on the fakes under a dispatch mode that stops at the first
-    drawing op: only a refusal pays for finding the site, the trace records no stacks.
-    Without a site (the run did not reach the draw): ``(op, "", fix)``."""
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class _Called(TorchFunctionMode):  # the torch function the Python code called
-        def __torch_function__(self, func, types, args=(), kwargs=None):
-            self.func = func
-            return func(*args, **(kwargs or {}))
-
-    class _FindDraw(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if _draws(func, args, kwargs or {}):
-                raise _Draw(func, sys._getframe(1))
-            return func(*args, **(kwargs or {}))
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    # the trace's fake mode (a function of no tensors: a new one), so nothing runs for real
-    mode = next((t.fake_mode for t in fakes if hasattr(t, "fake_mode")), None)
-    fake = mode or FakeTensorMode(allow_non_fake_inputs=True)
-    called = _Called()
-    try:
-        with _tracing(), torch.enable_grad(), fake, _FindDraw(), called:
-            fn(*fakes)
-    except _Draw as found:
-        site, module = _site(found.frame, fn.__code__)
-        name = getattr(getattr(called, "func", None), "__name__", None)
-        via = f"{name}(...)" if name else found.op if found.op != op else None
-        shown = f"{op}, from {via}" if via else str(op)
-        return shown, site, _fix(found.op, name, module)
-    except Exception:  # the refusal stands; only its site is unknown
-        pass
-    return str(op), "", _fix(op, None, None)
-
-
-def _site(frame: Any, stop: Any) -> tuple[str, torch.nn.Module | None]:
-    """The site's text and the innermost torch module, from the frames between a draw
-    and ``stop`` (the traced function's code): the innermost torch module's
-    ``forward``, its path in the module a ``FunctionalCall`` runs, the innermost
-    functd module, and the innermost line outside torch."""
-    from .._modules._call import ModuleKind
-    from ..nn._functional_call import FunctionalCall
-
-    at = torch_module = root = label = None
-    while frame is not None and frame.f_code is not stop:
-        code, me = frame.f_code, frame.f_locals.get("self")
-        if at is None and not code.co_filename.startswith((_TORCH_DIR, __file__)):
-            line = linecache.getline(code.co_filename, frame.f_lineno).strip()
-            at = f" at {code.co_filename}:{frame.f_lineno} (`{line}`)"
-        if torch_module is None and code.co_name == "forward" and isinstance(me, torch.nn.Module):
-            torch_module = me
-        if root is None and isinstance(me, FunctionalCall):
-            root = me.module
-        if label is None and isinstance(me, ModuleKind):
-            label = me._label()
-        frame = frame.f_back
-    where = []
-    if torch_module is not None:
-        named = root.named_modules() if root is not None else ()
-        path = next((n for n, m in named if m is torch_module and n), None)
-        where.append(type(torch_module).__name__ + (f" (submodule `{path}`)" if path else ""))
-    if label is not None:
-        where.append(f"of {label}" if where else label)
-    return (" in " + " ".join(where) if where else "") + (at or ""), torch_module
-
-
-def _fix(op: Any, called: str | None, module: torch.nn.Module | None) -> str:
-    """The way around a draw of ``op`` (from the torch function ``called``, in the
-    torch module ``module``)."""
-    if called == "scaled_dot_product_attention" or any(
-        a.name == "dropout_p" for a in op._schema.arguments
-    ):
-        return FIX_ATTENTION
-    if module is None:
-        return FIX_KEYS
-    if not module.training:
-        return FIX_EVAL_MODULE.format(module=type(module).__name__)
-    return FIX_HIDDEN
-
-
 def _check_graph(
     name: str, gm: torch.fx.GraphModule, flat: Flat, again: Callable[[], tuple] | None = None
 ) -> None:
@@ -685,9 +327,9 @@ def _check_graph(
                 attr = f"{sub_name}.{node.target}"
                 raise TransformError(TRACED_CONSTANT.format(name=name, attr=attr))
         for node in sub.graph.nodes:  # a loop's step (a subgraph) too
-            if _draws(node.target, node.args, node.kwargs):
+            if draws(node.target, node.args, node.kwargs):
                 op, site, fix = (
-                    _draw_site(node.target, *again()) if again else (node.target, "", FIX_KEYS)
+                    draw_site(node.target, *again()) if again else (node.target, "", FIX_KEYS)
                 )
                 raise TransformError(GLOBAL_RANDOM.format(name=name, op=op, site=site, fix=fix))
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]

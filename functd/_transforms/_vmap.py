@@ -246,7 +246,7 @@ def vmap(
 
     jitted = derived(f, key, build)
     if jitted is not None:  # fd.vmap(fd.jit(f)) is fd.jit(fd.vmap(f)) (_compose)
-        return jitted  # type: ignore[no-any-return]
+        return jitted
     name = _name(f)
     if axis_name is not None:
         _axes.check_name(axis_name, f"fd.vmap({name})")
