@@ -326,3 +326,43 @@ def test_traced_tensor_bound_is_a_while_loop_equal_to_eager():
     for n in (0, 1, 4):
         ref = fd.fori_loop(0, n, lambda i, c: c * 0.5 + i, c0)
         assert_close(_fx(f, torch.tensor(n), c0), ref, rtol=1e-12, atol=1e-12)
+
+
+# --------------------------------------------------------- compiled by inductor
+def _member(c0, xs):
+    return fd.scan(lambda c, x: (torch.sin(c) + x, None), c0, xs)[0]
+
+
+def _forms(c0, xs, td, cb):
+    """One program holding a case of each row above (one inductor compile): one
+    output (a carry, no ys), closures indexed by the loop index, numpy bounds and a
+    weak int carry, length 0, unroll with a remainder, a vmapped loop without ys."""
+
+    def body(i, c):
+        return c + (xs[i] * td[-1 - i]["a"]).sum() + i
+
+    return {
+        "fori": fd.fori_loop(np.int16(0), np.int16(5), body, 0),
+        "len0": _len0(c0[None], xs[:0, None]),
+        "unroll": _rnn(c0, xs, reverse=True, unroll=2),
+        "vmap": fd.vmap(_member, in_dims=(0, None))(cb, xs),
+    }
+
+
+@pytest.mark.compile
+def test_jit_inductor_compiles_every_loop_form_equal_to_eager():
+    c0, xs, td = _data()
+    cb = torch.randn(2, 3, dtype=D)
+    got = fd.jit(_forms)(c0, xs, td, cb)
+    assert_close(got, _forms(c0, xs, td, cb), rtol=1e-10, atol=1e-10)
+    assert got["fori"].dtype == D  # the weak int carry promoted by xs's float64
+
+
+@pytest.mark.compile
+def test_jit_inductor_loop_in_a_function_without_tensor_inputs():
+    # a Python int bound and no tensor input: inductor lowered the op in a fake mode of
+    # its own, where the loop's index was data-dependent (DataDependentOutputException)
+    def count(n):
+        return fd.fori_loop(0, n, lambda i, c: c + i, torch.zeros(()))
+
+    assert fd.jit(count)(4).item() == 6.0
