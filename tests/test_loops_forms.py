@@ -147,7 +147,9 @@ def test_python_scalar_carries_are_weakly_typed_as_in_jax():
     c, _ = fd.scan(lambda c, x: (c + x, None), 0, torch.arange(4, dtype=torch.int32))
     assert c.dtype == torch.int64 and c.item() == 6
     # numpy scalars keep their dtype (not weak); a tree of scalars
-    c = fd.fori_loop(0, 3, lambda i, c: {"n": c["n"] + 1, "x": c["x"] * 2}, {"n": np.int16(1), "x": 1.0})
+    c = fd.fori_loop(
+        0, 3, lambda i, c: {"n": c["n"] + 1, "x": c["x"] * 2}, {"n": np.int16(1), "x": 1.0}
+    )
     assert c["n"].dtype == torch.int16 and c["n"].item() == 4 and c["x"].item() == 8.0
 
 
@@ -187,7 +189,9 @@ def test_error_bounds_that_are_not_integers():
         fd.fori_loop(True, 2, body, 0)
     with pytest.raises(TypeError, match=r"upper must be an integer .* a float32\[\] tensor"):
         fd.fori_loop(0, torch.tensor(2.0), body, 0)
-    with pytest.raises(TypeError, match=r"init\['s'\] is a str; the carry's leaves must be tensors"):
+    with pytest.raises(
+        TypeError, match=r"init\['s'\] is a str; the carry's leaves must be tensors"
+    ):
         fd.scan(lambda c, x: (c, None), {"s": "a"}, length=2)
 
 
@@ -241,9 +245,7 @@ def _rnn(c0, xs, reverse=False, unroll=1):
 
 @pytest.mark.parametrize("unroll", [2, 3, 5, 8, True])
 @pytest.mark.parametrize("reverse", [False, True])
-def test_unroll_equals_the_loop_and_puts_k_steps_in_the_compiled_body(
-    unroll, reverse, monkeypatch
-):
+def test_unroll_equals_the_loop_and_puts_k_steps_in_the_compiled_body(unroll, reverse, monkeypatch):
     import functd._transforms._jit as jit_module
 
     traced = []
@@ -281,7 +283,9 @@ def test_fori_loop_unroll_and_errors():
     assert_close(_fx(f, c0), ref, rtol=1e-12, atol=1e-12)
     assert_close(f(c0), ref, rtol=0, atol=0)
     for bad in (0, -1, 1.5, "2"):
-        with pytest.raises(ValueError, match=r"fd.scan: unroll must be a bool or a Python int >= 1"):
+        with pytest.raises(
+            ValueError, match=r"fd.scan: unroll must be a bool or a Python int >= 1"
+        ):
             fd.scan(lambda c, x: (c, None), c0, None, length=2, unroll=bad)
     with pytest.raises(ValueError, match=r"fd.fori_loop: unroll must be .* got int 0"):
         fd.fori_loop(0, 2, lambda i, c: c, c0, unroll=0)
@@ -313,7 +317,9 @@ def test_python_int_bound_under_jit_is_static():
 
 @pytest.mark.skipif(_HAS_WHILE, reason="fd.while_loop present: tested below")
 def test_traced_tensor_bound_without_while_loop_says_what_to_do():
-    with pytest.raises(TypeError, match=r"fd.fori_loop: upper is a tensor whose value is not known"):
+    with pytest.raises(
+        TypeError, match=r"fd.fori_loop: upper is a tensor whose value is not known"
+    ):
         _fx(lambda n: fd.fori_loop(0, n, lambda i, c: c + i, torch.zeros(())), torch.tensor(3))
 
 
@@ -366,3 +372,32 @@ def test_jit_inductor_loop_in_a_function_without_tensor_inputs():
         return fd.fori_loop(0, n, lambda i, c: c + i, torch.zeros(()))
 
     assert fd.jit(count)(4).item() == 6.0
+
+
+def test_jit_unrolls_the_loops_when_the_compiler_fails_on_the_loop_op(monkeypatch):
+    """Where inductor cannot compile torch's scan op, fd.jit traces the function again
+    with its loops unrolled (one LoopWarning naming the error), never a raw compiler
+    error. The compiler's failure is simulated: it refuses any graph holding the op."""
+    import functd._transforms._jit as jit_module
+
+    real = jit_module.compile_graph
+
+    def failing(t, backend):
+        if t.gm.graph.find_nodes(op="call_function", target=torch.ops.higher_order.scan):
+            raise RuntimeError("the op does not lower")
+        return real(t, backend)
+
+    monkeypatch.setattr(jit_module, "compile_graph", failing)
+    c0, xs, td = _data()
+    j = fd.jit(_index_forms, backend="fx")
+    with pytest.warns(fd.LoopWarning, match=r"RuntimeError: the op does not lower.*unrolled"):
+        got = j(c0, xs, td)
+    assert_close(got, _index_forms_loop(c0, xs, td), rtol=1e-12, atol=1e-12)
+    assert "higher_order.scan" not in j.lower(c0, xs, td).graph
+
+    def broken(t, backend):
+        raise ValueError("the compiler failed")
+
+    monkeypatch.setattr(jit_module, "compile_graph", broken)
+    with pytest.raises(ValueError, match="the compiler failed"):  # no loop: as it is
+        fd.jit(lambda x: x * 2, backend="fx")(c0)

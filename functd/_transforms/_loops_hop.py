@@ -27,8 +27,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import optree
@@ -38,7 +41,7 @@ from torch import Tensor
 from ._loop_checks import NAMESPACE, LoopWarning, _split, check_carry, y_leaves
 from ._loops_hoist import hoist_invariants
 
-__all__ = ["abstract_step", "concrete", "scan_compiled"]
+__all__ = ["abstract_step", "concrete", "loops_unrolled", "scan_compiled"]
 
 UNROLLED = (
     "fd.scan: torch's scan op cannot follow this loop ({why}); the loop of {n} steps is "
@@ -55,8 +58,31 @@ def _warn(why: str, n: int, fix: str = "") -> None:
     warnings.warn(UNROLLED.format(why=why, n=n, fix=fix), LoopWarning, stacklevel=4)
 
 
+INDUCTOR_FAILED = (
+    "fd.jit: inductor could not compile torch's scan op in this function ({err}); it is "
+    "traced again with its loops unrolled (right, but the graph and its compile time "
+    "grow with the lengths). Please report the loop to functd."
+)
+_UNROLL: contextvars.ContextVar[bool] = contextvars.ContextVar("fd_unroll", default=False)
+
+
+@contextlib.contextmanager
+def loops_unrolled(error: BaseException) -> Iterator[None]:
+    """A trace in which every ``fd.scan`` unrolls: fd.jit's way out when inductor fails
+    on the op (one LoopWarning naming the error)."""
+    err = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    warnings.warn(INDUCTOR_FAILED.format(err=err[:300]), LoopWarning, stacklevel=3)
+    token = _UNROLL.set(True)
+    try:
+        yield
+    finally:
+        _UNROLL.reset(token)
+
+
 def scan_compiled(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     """``(carry, ys)`` through torch's scan op, or None: unroll (a LoopWarning said why)."""
+    if _UNROLL.get():
+        return None
     if not init_leaves:
         return _tokened(f, init, init_spec, xs_leaves, xs_spec, n, reverse)
     if torch.compiler.is_dynamo_compiling():
