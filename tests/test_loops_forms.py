@@ -222,6 +222,12 @@ def test_length_zero_returns_init_and_ys_with_zero_rows_shaped_by_the_step():
     c, ys = fd.scan(lambda c, x: (c + 0.5, c), 0, None, length=0)  # weak carry promoted
     assert c.dtype == torch.get_default_dtype() and ys.dtype == c.dtype and ys.shape == (0,)
 
+    def branchy(c, x):  # reads a value: fake tensors cannot run it, real zeros do
+        return (c + 1 if bool(c.sum() >= 0) else c - 1), c.long()
+
+    c, ys = fd.scan(branchy, c0, None, length=0)
+    assert c is c0 and ys.shape == (0, 2, 3) and ys.dtype == torch.int64
+
 
 def test_length_zero_under_vmap_and_grad():
     c0, xs = torch.randn(4, 3, dtype=D), torch.randn(0, 3, dtype=D)

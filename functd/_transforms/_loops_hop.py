@@ -94,9 +94,10 @@ def abstract_step(f: Any, init: Any, xs_leaves: list, xs_spec: Any) -> Any:
     """``f(init, x)`` on a slice of zeros shaped as a step of ``xs``, for its shapes and
     dtypes only (a loop of 0 steps): on fake tensors eager (closed-over tensors are
     faked as met), on the trace's fake tensors without recording it under make_fx,
-    traced (and dropped as dead code) under dynamo. An op without a fake kernel: on
-    real zeros, whose result is thrown away."""
-    from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedFakeTensorException
+    traced (and dropped as dead code) under dynamo. A step that fake tensors cannot
+    run (an op without a fake kernel, a value read in Python) runs on real zeros, its
+    result thrown away."""
+    from torch._subclasses import fake_tensor as ft
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
     from ._loop_index import index_mode
@@ -113,9 +114,15 @@ def abstract_step(f: Any, init: Any, xs_leaves: list, xs_spec: Any) -> Any:
         with disable_proxy_modes_tracing(), index_mode():
             return call()
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True), index_mode():
+        with ft.FakeTensorMode(allow_non_fake_inputs=True), index_mode():
             return call()
-    except (UnsupportedFakeTensorException, NotImplementedError):
+    except (
+        ft.UnsupportedFakeTensorException,
+        ft.UnsupportedOperatorException,
+        ft.DataDependentOutputException,
+        ft.DynamicOutputShapeException,
+        NotImplementedError,
+    ):  # an op without a fake kernel, a value read in Python: on real zeros
         return call()
 
 
