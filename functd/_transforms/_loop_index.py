@@ -72,11 +72,14 @@ def traced_index(t: Tensor, idx: Any) -> Tensor | None:
             d += 1
     i = items[p]
     i = torch.where(i < 0, i + t.shape[d], i).reshape(1)
-    return t[(*items[:p], i, *items[p + 1 :])].select(at, 0)
+    gather = (*items[:p], i, *items[p + 1 :])
+    return t[gather].select(at, 0)
 
 
 class _IndexMode(TorchFunctionMode):
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         if func is Tensor.__getitem__ and len(args) == 2 and not kwargs:
             out = traced_index(args[0], args[1])
