@@ -158,8 +158,11 @@ def check_carry(init_spec: Any, init_leaves: list, carry: Any) -> list[Tensor]:
     paths, leaves, spec = optree.tree_flatten_with_path(carry, namespace=NAMESPACE)
     if spec != init_spec:
         raise TypeError(CARRY_STRUCTURE.format(was=_short(init_spec), now=_short(spec)))
-    if _td_layout(spec) != _td_layout(init_spec):  # (tree specs compare keys only)
-        raise TypeError(_batch_changed(optree.tree_unflatten(init_spec, init_leaves), carry))
+    now = _batch_sizes(carry, (), {})  # (tree specs compare a TensorDict's keys only)
+    if now:
+        was = _batch_sizes(optree.tree_unflatten(init_spec, init_leaves), (), {})
+        if was != now:
+            raise TypeError(_batch_changed(was, now))
     for p, a, b in zip(paths, init_leaves, leaves):
         if not isinstance(b, Tensor):
             raise TypeError(
@@ -198,20 +201,6 @@ def _check_init(init: Any) -> tuple[list, Any]:
     return leaves, spec
 
 
-def _td_layout(spec: Any) -> list:
-    """Per TensorDict node of ``spec``, what fixes its batch size besides the leaves'
-    shapes: each entry's rank beyond the batch dims (and the batch size of one
-    without tensors)."""
-    out: list = []
-
-    def node(kind: type, data: Any, children: Any) -> None:
-        if isinstance(kind, type) and issubclass(kind, TensorDict):
-            out.append((data.ranks, data.batch_size))
-
-    spec.walk([None] * spec.num_leaves, node, None)
-    return out
-
-
 def _batch_sizes(v: Any, path: tuple, out: dict) -> dict:
     """``{path: batch size}`` of the TensorDicts in ``v`` (also nested in one another)."""
     if isinstance(v, TensorDict):
@@ -227,8 +216,7 @@ def _batch_sizes(v: Any, path: tuple, out: dict) -> dict:
     return out
 
 
-def _batch_changed(init: Any, carry: Any) -> str:
-    was, now = _batch_sizes(init, (), {}), _batch_sizes(carry, (), {})
+def _batch_changed(was: dict, now: dict) -> str:
     for path, bs in was.items():
         if now.get(path) != bs:
             return CARRY_BATCH.format(path=fmt_path(path, "carry"), was=bs, now=now.get(path))

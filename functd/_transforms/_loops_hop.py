@@ -81,7 +81,7 @@ def loops_unrolled(error: BaseException) -> Iterator[None]:
 
 def scan_compiled(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     """``(carry, ys)`` through torch's scan op, or None: unroll (a LoopWarning said why)."""
-    if _UNROLL.get():
+    if not torch.compiler.is_dynamo_compiling() and _UNROLL.get():  # (dynamo: no get)
         return None
     if not init_leaves:
         return _tokened(f, init, init_spec, xs_leaves, xs_spec, n, reverse)
