@@ -183,7 +183,7 @@ def test_error_f_result_and_y_leaves():
         fd.scan(lambda c, x: c, torch.zeros(1), length=2)
     with pytest.raises(TypeError, match=r"returned a int at y\['k'\]"):
         fd.scan(lambda c, x: (c, {"k": 3}), torch.zeros(1), length=2)
-    with pytest.raises(TypeError, match="fori_loop: upper must be an integer .* got float 3.0"):
+    with pytest.raises(TypeError, match=r"fori_loop: upper must be an integer .* got float 3\.0"):
         fd.fori_loop(0, 3.0, lambda i, c: c, torch.zeros(1))
 
 

@@ -345,7 +345,10 @@ def _member(c0, xs):
     return fd.scan(lambda c, x: (torch.sin(c) + x, None), c0, xs)[0]
 
 
-def _forms(c0, xs, td, cb):
+_LO, _HI = np.int16(0), np.int16(5)
+
+
+def _forms(c0, xs, td, cb, lo=_LO, hi=_HI):
     """One program holding a case of each row above (one inductor compile): one
     output (a carry, no ys), closures indexed by the loop index, numpy bounds and a
     weak int carry, length 0, unroll with a remainder, a vmapped loop without ys."""
@@ -354,7 +357,7 @@ def _forms(c0, xs, td, cb):
         return c + (xs[i] * td[-1 - i]["a"]).sum() + i
 
     return {
-        "fori": fd.fori_loop(np.int16(0), np.int16(5), body, 0),
+        "fori": fd.fori_loop(lo, hi, body, 0),
         "len0": _len0(c0[None], xs[:0, None]),
         "unroll": _rnn(c0, xs, reverse=True, unroll=2),
         "vmap": fd.vmap(_member, in_dims=(0, None))(cb, xs),
@@ -407,3 +410,21 @@ def test_jit_unrolls_the_loops_when_the_compiler_fails_on_the_loop_op(monkeypatc
     monkeypatch.setattr(jit_module, "compile_graph", broken)
     with pytest.raises(ValueError, match="the compiler failed"):  # no loop: as it is
         fd.jit(lambda x: x * 2, backend="fx")(c0)
+
+
+@pytest.mark.compile
+def test_torch_compile_traces_every_loop_form_in_one_graph():
+    # dynamo's path (torch's scan function): the same forms, one frame, no graph break
+    # (Python int bounds: dynamo traces numpy scalars as tensors, whose value it lacks)
+    import torch._dynamo.testing
+
+    def forms(c0, xs, td, cb):
+        return _forms(c0, xs, td, cb, 0, 5)
+
+    c0, xs, td = _data()
+    cb = torch.randn(2, 3, dtype=D)
+    torch._dynamo.reset()
+    cnt = torch._dynamo.testing.CompileCounter()
+    got = torch.compile(forms, backend=cnt, fullgraph=True)(c0, xs, td, cb)
+    assert cnt.frame_count == 1
+    assert_close(got, forms(c0, xs, td, cb), rtol=1e-10, atol=1e-10)

@@ -274,10 +274,32 @@ def promoted(weak: dict[int, Any], init_leaves: list, out: Any) -> dict[int, tor
     for k, v in weak.items():
         b = leaves[k]
         if isinstance(b, Tensor) and b.dtype != init_leaves[k].dtype:
-            dtype = torch.result_type(torch.empty((), dtype=b.dtype, device="meta"), v)
+            dtype = _weak_result(b.dtype, v)
             if dtype != init_leaves[k].dtype:
                 found[k] = dtype
     return found
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 0 if dtype == torch.bool else 1
+
+
+def _weak_result(dtype: torch.dtype, v: Any) -> torch.dtype:
+    """``torch.result_type`` of a tensor of ``dtype`` and the Python scalar ``v`` (its
+    rule written out: dynamo cannot trace the call): ``dtype`` unless ``v`` is of a
+    higher kind (bool < int < float < complex), else ``v``'s default dtype (a float
+    tensor's complex counterpart for a complex ``v``)."""
+    kind = {bool: 0, int: 1, float: 2}.get(type(v), 3)
+    have = _category(dtype)
+    if kind <= have:
+        return dtype
+    if kind == 3 and have == 2:
+        return {torch.float64: torch.complex128, torch.float16: torch.complex32}.get(
+            dtype, torch.complex64
+        )
+    return _scalar_dtype(v) or dtype
 
 
 def check_unroll(unroll: Any, fn: str) -> int | bool:

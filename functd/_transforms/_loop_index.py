@@ -11,8 +11,9 @@ does (``TensorDict`` indexing does the same, ``_td/_shape.py``). Out-of-range va
 are not checked (as in ``jax.jit``, where they are clamped; here the compiled gather
 reads them unchecked, so keep ``i`` in range).
 
-Only ``fd.scan``'s make_fx path enters the mode (dynamo would graph-break on it), and
-only around the user's step: eager code never sees it.
+``fd.scan`` enters the mode only while compiling (fd.jit's make_fx trace, or
+dynamo, which traces the mode too) and only around the user's step: eager code
+never sees it.
 
 Example:
     >>> with index_mode():

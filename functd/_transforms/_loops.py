@@ -125,18 +125,15 @@ def scan(
             return _run(step, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse, unroll)
         except _Promote as e:
             leaves = list(init_leaves)
-            for k, dtype in e.dtypes.items():
+            for k, dtype in e.args[0].items():
                 leaves[k] = leaves[k].to(dtype)
                 del weak[k]
             init = optree.tree_unflatten(init_spec, leaves)
 
 
 class _Promote(Exception):
-    """The step changed the dtype of weakly typed carries (raised on its first call)."""
-
-    def __init__(self, dtypes: dict[int, torch.dtype]) -> None:
-        super().__init__(dtypes)
-        self.dtypes = dtypes
+    """The step changed the dtype of weakly typed carries (raised on its first call
+    with ``{leaf position: dtype}``)."""
 
 
 def _watch_weak(f: Callable, weak: dict[int, Any], init_leaves: list) -> Callable:
@@ -163,8 +160,7 @@ def _run(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse, unroll
     if torch.compiler.is_compiling():
         from ._loops_hop import scan_compiled
 
-        if not torch.compiler.is_dynamo_compiling():
-            f = _indexing(f)
+        f = _indexing(f)
         if unroll is True or (type(n) is int and unroll > 1 and n <= unroll):
             pass  # fully unrolled: the Python loop, traced
         elif type(n) is int and unroll > 1:
