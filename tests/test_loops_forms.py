@@ -181,6 +181,28 @@ def test_numpy_and_tensor_bounds_are_ints_and_scalars_work_under_jit_vmap_grad()
     assert got[0].dtype == D
 
 
+def test_python_scalars_returned_in_the_carry_as_jax_fixpoint_under_vmap_and_jit():
+    # JAX's test_scan_vmap_fixpoint: scalars shift through the carry; under vmap a
+    # mapped carry flows into unmapped slots and a scalar into a mapped one
+    def f(ci):
+        return fd.scan(
+            lambda c, x: ((c[1], c[2], c[3], 0.0), None), (0.0, 1.0, 2.0, ci), torch.zeros(2)
+        )[0]
+
+    ci = torch.tensor([3.0, 4.0, 5.0])
+    want = (torch.full((3,), 2.0), ci, torch.zeros(3), torch.zeros(3))
+    assert_close(fd.vmap(f)(ci), want, rtol=0, atol=0)
+    assert_close(_fx(fd.vmap(f), ci), want, rtol=0, atol=0)
+    assert_close(
+        _fx(lambda c: fd.fori_loop(0, 3, lambda i, c: 1, c), torch.zeros(())), torch.ones(())
+    )
+    with pytest.raises(
+        TypeError,
+        match=r"changed the carry at carry: init has int64\[\] and f returned float32\[\]",
+    ):
+        fd.fori_loop(0, 3, lambda i, c: 1.5, torch.zeros((), dtype=torch.int64))
+
+
 def test_error_bounds_that_are_not_integers():
     body = lambda i, c: c  # noqa: E731
     with pytest.raises(TypeError, match=r"fd.fori_loop: upper must be an integer .* got float 2.5"):

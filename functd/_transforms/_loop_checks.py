@@ -263,21 +263,44 @@ def as_carry(init: Any, like: list) -> tuple[Any, dict[int, Any]]:
     return optree.tree_unflatten(spec, new), weak
 
 
-def promoted(weak: dict[int, Any], init_leaves: list, out: Any) -> dict[int, torch.dtype]:
+def promoted(weak: dict[int, Any], kinds: list, out: Any) -> dict[int, torch.dtype]:
     """The weakly typed carry leaves whose dtype the step changed, with the dtype JAX
     gives them (``result_type(weak value, step's result)``: an int carry to which the
     step adds a float becomes a float carry)."""
     leaves = optree.tree_leaves(out, namespace=NAMESPACE)
-    if len(leaves) != len(init_leaves):
+    if len(leaves) != len(kinds):
         return {}  # check_carry says what is wrong
     found = {}
     for k, v in weak.items():
-        b = leaves[k]
-        if isinstance(b, Tensor) and b.dtype != init_leaves[k].dtype:
+        b, was = leaves[k], kinds[k][0]
+        if isinstance(b, Tensor) and b.dtype != was:
             dtype = _weak_result(b.dtype, v)
-            if dtype != init_leaves[k].dtype:
+            if dtype != was:
                 found[k] = dtype
     return found
+
+
+_SCALARS = (bool, int, float, complex)
+
+
+def has_scalars(carry: Any, n: int) -> bool:
+    """Whether the step's carry (of ``n`` leaves, as init) holds a Python scalar."""
+    leaves = optree.tree_leaves(carry, namespace=NAMESPACE)
+    return len(leaves) == n and any(type(v) in _SCALARS for v in leaves)
+
+
+def tensorized(carry: Any, kinds: list) -> Any:
+    """``carry`` with its Python scalar leaves made 0-d tensors on the device of init's
+    leaf, of ``result_type(init's dtype, scalar)`` (``kinds``: init's (dtype, device)
+    per leaf; a dtype change is then checked as any)."""
+    leaves, spec = optree.tree_flatten(carry, namespace=NAMESPACE)
+    if len(leaves) != len(kinds):
+        return carry  # check_carry says what is wrong
+    new = [
+        torch.full((), v, dtype=_weak_result(dtype, v), device=device) if type(v) in _SCALARS else v
+        for v, (dtype, device) in zip(leaves, kinds)
+    ]
+    return optree.tree_unflatten(spec, new)
 
 
 def _category(dtype: torch.dtype) -> int:

@@ -41,7 +41,9 @@ from ._loop_checks import (
     check_bound,
     check_carry,
     check_unroll,
+    has_scalars,
     promoted,
+    tensorized,
     y_leaves,
 )
 from ._loop_index import index_mode
@@ -118,37 +120,48 @@ def scan(
     unroll = check_unroll(unroll, "scan")
     xs_leaves, xs_spec, n = _flat_xs(xs, length)
     init, weak = as_carry(init, xs_leaves)
-    while True:  # each retry makes weak carries strong: at most one per leaf
+    scalars = False  # the step returns Python scalars in the carry: made tensors
+    while True:  # each retry makes a weak carry strong or turns scalars on: bounded
         init_leaves, init_spec = _check_init(init)
-        step = _watch_weak(f, weak, init_leaves) if weak else f
+        step = _first_call(f, weak, init_leaves, scalars)
         try:
             return _run(step, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse, unroll)
-        except _Promote as e:
+        except _Retry as e:
+            dtypes, scalars = e.args
             leaves = list(init_leaves)
-            for k, dtype in e.args[0].items():
+            for k, dtype in dtypes.items():
                 leaves[k] = leaves[k].to(dtype)
                 del weak[k]
             init = optree.tree_unflatten(init_spec, leaves)
 
 
-class _Promote(Exception):
-    """The step changed the dtype of weakly typed carries (raised on its first call
-    with ``{leaf position: dtype}``)."""
+class _Retry(Exception):
+    """Raised by the step's first call: ``({weak leaf position: promoted dtype},
+    whether the step returns Python scalars in its carry)``."""
 
 
-def _watch_weak(f: Callable, weak: dict[int, Any], init_leaves: list) -> Callable:
-    """``f``, whose first call raises ``_Promote`` when it changes a weak carry's dtype
-    (every call sees the same dtypes: eager, the first step; compiled, the trace)."""
+def _first_call(f: Callable, weak: dict[int, Any], init_leaves: list, scalars: bool) -> Callable:
+    """``f`` as the loop calls it. Its first call (eager, the first step; compiled, the
+    trace: every call sees the same types) raises ``_Retry`` when the step changes a
+    weakly typed carry's dtype (JAX promotes the init) or returns a Python scalar in
+    the carry (JAX's weak scalar: with ``scalars``, every call makes it a 0-d tensor,
+    of the dtype a tensor of init's dtype and the scalar give)."""
     first = [True]
+    # init's dtypes and devices, not its tensors: fd.vmap's check of the step's
+    # closures (_loops_hop._mapped_closures) would take them for mapped closures
+    kinds = [(t.dtype, t.device) for t in init_leaves]
 
     def step(c: Any, x: Any) -> Any:
         out = f(c, x)
+        if scalars and isinstance(out, tuple) and len(out) == 2:
+            out = (tensorized(out[0], kinds), out[1])
         if first[0]:
             first[0] = False
             if isinstance(out, tuple) and len(out) == 2:
-                dtypes = promoted(weak, init_leaves, out[0])
-                if dtypes:
-                    raise _Promote(dtypes)
+                dtypes = promoted(weak, kinds, out[0]) if weak else {}
+                found = not scalars and has_scalars(out[0], len(kinds))
+                if dtypes or found:
+                    raise _Retry(dtypes, scalars or found)
         return out
 
     return step
