@@ -71,8 +71,9 @@ def scan(
 
     Args:
         f: the step, ``f(carry, x) -> (carry, y)``. The carry it returns must have
-            init's structure, shapes, dtypes and TensorDict batch sizes; ``y`` may be
-            None.
+            init's structure, shapes, dtypes and TensorDict batch sizes (a Python
+            scalar in it is a 0-d tensor of init's dtype, promoted as ``init + scalar``
+            would be); ``y`` may be None.
         init: the first carry: a pytree of tensors, or of Python and numpy scalars.
             A Python scalar is a 0-d tensor of JAX's weak type: an int is int64, a
             float torch's default dtype (``torch.get_default_dtype()``), a bool bool;
