@@ -158,11 +158,11 @@ def check_carry(init_spec: Any, init_leaves: list, carry: Any) -> list[Tensor]:
     paths, leaves, spec = optree.tree_flatten_with_path(carry, namespace=NAMESPACE)
     if spec != init_spec:
         raise TypeError(CARRY_STRUCTURE.format(was=_short(init_spec), now=_short(spec)))
-    now = _batch_sizes(carry, (), {})  # (tree specs compare a TensorDict's keys only)
-    if now:
-        was = _batch_sizes(optree.tree_unflatten(init_spec, init_leaves), (), {})
-        if was != now:
-            raise TypeError(_batch_changed(was, now))
+    bs_now = _batch_sizes(carry, (), {})  # (tree specs compare a TensorDict's keys only)
+    if bs_now:
+        bs_was = _batch_sizes(optree.tree_unflatten(init_spec, init_leaves), (), {})
+        if bs_was != bs_now:
+            raise TypeError(_batch_changed(bs_was, bs_now))
     for p, a, b in zip(paths, init_leaves, leaves):
         if not isinstance(b, Tensor):
             raise TypeError(
