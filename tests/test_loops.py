@@ -168,8 +168,8 @@ def test_error_xs_and_length():
         fd.scan(lambda c, x: (c, None), torch.zeros(1), {"a": torch.zeros(3), "b": torch.zeros(4)})
     with pytest.raises(ValueError, match="length=2 but xs"):
         fd.scan(lambda c, x: (c, None), torch.zeros(1), torch.zeros(3), length=2)
-    with pytest.raises(ValueError, match="length must be a Python int >= 1"):
-        fd.scan(lambda c, x: (c, None), torch.zeros(1), length=0)
+    with pytest.raises(ValueError, match="length must be a Python int >= 0; got -1"):
+        fd.scan(lambda c, x: (c, None), torch.zeros(1), length=-1)
     with pytest.raises(ValueError, match=r"TensorDict at xs\['td'\] has batch size \[\]"):
         fd.scan(
             lambda c, x: (c, None), torch.zeros(1), {"td": fd.TensorDict({"a": torch.zeros(3)})}
@@ -183,8 +183,8 @@ def test_error_f_result_and_y_leaves():
         fd.scan(lambda c, x: c, torch.zeros(1), length=2)
     with pytest.raises(TypeError, match=r"returned a int at y\['k'\]"):
         fd.scan(lambda c, x: (c, {"k": 3}), torch.zeros(1), length=2)
-    with pytest.raises(TypeError, match="fori_loop: lower and upper must be Python ints"):
-        fd.fori_loop(0, torch.tensor(3), lambda i, c: c, torch.zeros(1))
+    with pytest.raises(TypeError, match=r"fori_loop: upper must be an integer .* got float 3\.0"):
+        fd.fori_loop(0, 3.0, lambda i, c: c, torch.zeros(1))
 
 
 # ----------------------------------------------------------------------- compiled

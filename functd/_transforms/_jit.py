@@ -471,7 +471,17 @@ class _Jitted:
             try:
                 traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
                 graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
-                run, source = compile_graph(traced, self._backend)
+                try:
+                    run, source = compile_graph(traced, self._backend)
+                except Exception as err:
+                    if "higher_order.scan" not in graph:
+                        raise
+                    from ._loops_hop import loops_unrolled  # a loop inductor cannot compile
+
+                    with loops_unrolled(err):
+                        traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
+                    graph = traced.gm.code
+                    run, source = compile_graph(traced, self._backend)
             finally:
                 _TRACING[0] = outer
             _COUNT[0] += 1

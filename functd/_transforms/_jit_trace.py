@@ -449,7 +449,7 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
         # a batch-one bmm as an mm, so the decomposition above keeps to one-row mms
         "post_grad_custom_pre_pass": BatchOneBmm(),
     }
-    with _tracing(), inductor_config.patch(options):
+    with _tracing(), inductor_config.patch(options), _fake_mode_of(gm, t.fakes):
         compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
     run = compiled.current_callable  # type: ignore[attr-defined]
     # inductor's C++ shim appends the graph's tensor constants to the inputs: only a
@@ -457,6 +457,21 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
     if not gm.graph.find_nodes(op="get_attr"):
         run = _direct(run)
     return run, getattr(compiled, "source_code", None)
+
+
+def _fake_mode_of(gm: torch.fx.GraphModule, fakes: list) -> Any:
+    """A graph without tensor inputs: its trace's fake mode made current, which inductor
+    would otherwise replace by one without a ShapeEnv (in which its lowering of a loop
+    op fails: "DataDependentOutputException: aten._local_scalar_dense")."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    if fakes:
+        return contextlib.nullcontext()
+    for node in gm.graph.nodes:
+        v = node.meta.get("val")
+        if isinstance(v, FakeTensor):
+            return torch._guards.tracing(torch._guards.TracingContext(v.fake_mode))
+    return contextlib.nullcontext()
 
 
 class Direct:

@@ -3,6 +3,7 @@ eager loop (``_loops``) and the compiled one (``_loops_hop``)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import optree
@@ -18,7 +19,7 @@ NO_LENGTH = (
     "fd.scan(f, init, xs=None): without xs the number of steps is unknown. Pass "
     "length=n (f is then called with x=None), or xs with a leading dim of n."
 )
-BAD_LENGTH = "fd.scan: length must be a Python int >= 1; got {got}. {fix}"
+BAD_LENGTH = "fd.scan: length must be a Python int >= 0; got {got}."
 XS_LEAF = (
     "fd.scan: xs{path} is a {kind}, not a tensor with a leading dim to loop over. "
     "Every leaf of xs is sliced along its dim 0; close over other values in f."
@@ -59,9 +60,23 @@ Y_CHANGED = (
     "shapes and dtypes."
 )
 BOUNDS = (
-    "fd.fori_loop: lower and upper must be Python ints (the number of steps is fixed "
-    "when the loop is built); got {got}. For a bound held in a tensor, loop over the "
+    "fd.fori_loop: {which} must be an integer (a Python or numpy int, or a 0-d integer "
+    "tensor); got {got}."
+)
+TRACED_BOUNDS = (
+    "fd.fori_loop: {which} is a tensor whose value is not known while tracing ({got}): "
+    "such a loop is a while loop (fd.while_loop), which this build of functd lacks. "
+    "Pass the bound as a Python int (a static argument of fd.jit), or loop over the "
     "largest count and mask the extra steps with torch.where."
+)
+UNROLL = (
+    "fd.{fn}: unroll must be a bool or a Python int >= 1 (the number of steps in each "
+    "iteration of the compiled loop); got {got}."
+)
+CARRY_BATCH = (
+    "fd.scan: f changed the batch size of the TensorDict at {path}: init has batch "
+    "size {was} and f returned {now}. A carry keeps init's batch sizes (the loop's "
+    "state has one layout); return a TensorDict with batch_size={was}."
 )
 
 
@@ -85,7 +100,7 @@ def _flat_xs(xs: Any, length: int | None) -> tuple[list[Tensor], Any, int]:
     if xs is None:
         if length is None:
             raise ValueError(NO_LENGTH)
-        return [], None, _check_length(length, "")
+        return [], None, _check_length(length)
     paths, leaves, spec = optree.tree_flatten_with_path(xs, namespace=NAMESPACE)
     _check_tds(xs, ())
     n = None
@@ -101,10 +116,9 @@ def _flat_xs(xs: Any, length: int | None) -> tuple[list[Tensor], Any, int]:
     if n is None:  # xs without leaves: as xs=None
         if length is None:
             raise ValueError(NO_LENGTH)
-        return [], None, _check_length(length, "")
+        return [], None, _check_length(length)
     if length is not None and length != n:
         raise ValueError(LENGTH_XS.format(length=length, path=fmt_path(first, ""), n=n))
-    _check_length(n, "xs has no steps (a leading dim of 0).")
     return leaves, spec, n
 
 
@@ -121,10 +135,14 @@ def _check_tds(v: Any, path: tuple) -> None:
             _check_tds(w, (*path, k))
 
 
-def _check_length(n: Any, fix: str) -> Any:
-    if (type(n) is not int and not isinstance(n, torch.SymInt)) or (type(n) is int and n < 1):
-        fix = fix or "A loop of 0 steps has no ys to stack (their shapes come from f)."
-        raise ValueError(BAD_LENGTH.format(got=n, fix=fix))
+def _check_length(n: Any) -> Any:
+    if isinstance(n, bool) or not isinstance(n, int | torch.SymInt):
+        try:  # a numpy integer
+            n = operator.index(n)
+        except TypeError:
+            raise ValueError(BAD_LENGTH.format(got=f"{_kind(n)} {n!r}")) from None
+    if type(n) is int and n < 0:
+        raise ValueError(BAD_LENGTH.format(got=n))
     return n
 
 
@@ -140,6 +158,11 @@ def check_carry(init_spec: Any, init_leaves: list, carry: Any) -> list[Tensor]:
     paths, leaves, spec = optree.tree_flatten_with_path(carry, namespace=NAMESPACE)
     if spec != init_spec:
         raise TypeError(CARRY_STRUCTURE.format(was=_short(init_spec), now=_short(spec)))
+    bs_now = _batch_sizes(carry, (), {})  # (tree specs compare a TensorDict's keys only)
+    if bs_now:
+        bs_was = _batch_sizes(optree.tree_unflatten(init_spec, init_leaves), (), {})
+        if bs_was != bs_now:
+            raise TypeError(_batch_changed(bs_was, bs_now))
     for p, a, b in zip(paths, init_leaves, leaves):
         if not isinstance(b, Tensor):
             raise TypeError(
@@ -178,4 +201,160 @@ def _check_init(init: Any) -> tuple[list, Any]:
     return leaves, spec
 
 
-# ---------------------------------------------------------------------------- public
+def _batch_sizes(v: Any, path: tuple, out: dict) -> dict:
+    """``{path: batch size}`` of the TensorDicts in ``v`` (also nested in one another)."""
+    if isinstance(v, TensorDict):
+        out[path] = list(v.batch_size)
+        for k, w in v.items():
+            _batch_sizes(w, (*path, k), out)
+    elif isinstance(v, tuple | list):
+        for i, w in enumerate(v):
+            _batch_sizes(w, (*path, i), out)
+    elif isinstance(v, dict):
+        for k, w in v.items():
+            _batch_sizes(w, (*path, k), out)
+    return out
+
+
+def _batch_changed(was: dict, now: dict) -> str:
+    for path, bs in was.items():
+        if now.get(path) != bs:
+            return CARRY_BATCH.format(path=fmt_path(path, "carry"), was=bs, now=now.get(path))
+    return CARRY_BATCH.format(path="carry", was=list(was.values()), now=list(now.values()))
+
+
+# ------------------------------------------------------- scalars, bounds, unroll
+def _scalar_dtype(v: Any) -> torch.dtype | None:
+    """The dtype a scalar leaf becomes (None: not a scalar): Python ints int64, floats
+    torch's default dtype, complex its complex counterpart, bools bool (as JAX's weak
+    types); numpy scalars and 0-d arrays keep their dtype."""
+    t = type(v)
+    if t is bool:
+        return torch.bool
+    if t is int:
+        return torch.int64
+    if t is float:
+        return torch.get_default_dtype()
+    if t is complex:
+        return torch.complex128 if torch.get_default_dtype() == torch.float64 else torch.complex64
+    if t.__module__ == "numpy" and getattr(v, "shape", None) == ():
+        return torch.as_tensor(v).dtype
+    return None
+
+
+def as_carry(init: Any, like: list) -> tuple[Any, dict[int, Any]]:
+    """``init`` with its Python and numpy scalar leaves made 0-d tensors (on the device
+    of the first tensor of ``like``), and ``{leaf position: Python value}`` of the weakly
+    typed ones (Python ints, floats, complex), whose dtype a step may promote."""
+    leaves, spec = optree.tree_flatten(init, namespace=NAMESPACE)
+    if all(isinstance(v, Tensor) for v in leaves):
+        return init, {}
+    device = next((t.device for t in (*leaves, *like) if isinstance(t, Tensor)), None)
+    weak, new = {}, []
+    for k, v in enumerate(leaves):
+        dtype = None if isinstance(v, Tensor) else _scalar_dtype(v)
+        if dtype is None:
+            new.append(v)  # a tensor, or refused by _check_init
+            continue
+        value = v.item() if hasattr(v, "item") else v
+        new.append(torch.full((), value, dtype=dtype, device=device))
+        if type(v) in (int, float, complex):
+            weak[k] = v
+    return optree.tree_unflatten(spec, new), weak
+
+
+def promoted(weak: dict[int, Any], kinds: list, out: Any) -> dict[int, torch.dtype]:
+    """The weakly typed carry leaves whose dtype the step changed, with the dtype JAX
+    gives them (``result_type(weak value, step's result)``: an int carry to which the
+    step adds a float becomes a float carry)."""
+    leaves = optree.tree_leaves(out, namespace=NAMESPACE)
+    if len(leaves) != len(kinds):
+        return {}  # check_carry says what is wrong
+    found = {}
+    for k, v in weak.items():
+        b, was = leaves[k], kinds[k][0]
+        if isinstance(b, Tensor) and b.dtype != was:
+            dtype = _weak_result(b.dtype, v)
+            if dtype != was:
+                found[k] = dtype
+    return found
+
+
+_SCALARS = (bool, int, float, complex)
+
+
+def has_scalars(carry: Any, n: int) -> bool:
+    """Whether the step's carry (of ``n`` leaves, as init) holds a Python scalar."""
+    leaves = optree.tree_leaves(carry, namespace=NAMESPACE)
+    return len(leaves) == n and any(type(v) in _SCALARS for v in leaves)
+
+
+def tensorized(carry: Any, kinds: list) -> Any:
+    """``carry`` with its Python scalar leaves made 0-d tensors on the device of init's
+    leaf, of ``result_type(init's dtype, scalar)`` (``kinds``: init's (dtype, device)
+    per leaf; a dtype change is then checked as any)."""
+    leaves, spec = optree.tree_flatten(carry, namespace=NAMESPACE)
+    if len(leaves) != len(kinds):
+        return carry  # check_carry says what is wrong
+    new = [
+        torch.full((), v, dtype=_weak_result(dtype, v), device=device) if type(v) in _SCALARS else v
+        for v, (dtype, device) in zip(leaves, kinds)
+    ]
+    return optree.tree_unflatten(spec, new)
+
+
+def _category(dtype: torch.dtype) -> int:
+    if dtype.is_complex:
+        return 3
+    return 2 if dtype.is_floating_point else 0 if dtype == torch.bool else 1
+
+
+def _weak_result(dtype: torch.dtype, v: Any) -> torch.dtype:
+    """``torch.result_type`` of a tensor of ``dtype`` and the Python scalar ``v`` (its
+    rule written out: dynamo cannot trace the call): ``dtype`` unless ``v`` is of a
+    higher kind (bool < int < float < complex), else ``v``'s default dtype (a float
+    tensor's complex counterpart for a complex ``v``)."""
+    kind = {bool: 0, int: 1, float: 2}.get(type(v), 3)
+    have = _category(dtype)
+    if kind <= have:
+        return dtype
+    if kind == 3 and have == 2:
+        return {torch.float64: torch.complex128, torch.float16: torch.complex32}.get(
+            dtype, torch.complex64
+        )
+    return _scalar_dtype(v) or dtype
+
+
+def check_unroll(unroll: Any, fn: str) -> int | bool:
+    if isinstance(unroll, bool):
+        return True if unroll else 1
+    try:
+        k = operator.index(unroll)
+    except TypeError:
+        k = 0
+    if k < 1:
+        raise ValueError(UNROLL.format(fn=fn, got=f"{_kind(unroll)} {unroll!r}"))
+    return k
+
+
+def check_bound(b: Any, which: str) -> int | Tensor:
+    """A bound of ``fori_loop``: a Python int (numpy ints too), or a 0-d integer tensor."""
+    if isinstance(b, torch.SymInt):  # (torch.compile's dynamic ints)
+        return b  # type: ignore[return-value]
+    if isinstance(b, Tensor):
+        if (
+            b.ndim == 0
+            and not b.is_floating_point()
+            and not b.is_complex()
+            and b.dtype != torch.bool
+        ):
+            return b
+        got = f"a {_describe(b)} tensor"
+    elif isinstance(b, bool) or type(b).__name__ == "bool_":
+        got = f"{_kind(b)} {b!r}"
+    else:
+        try:
+            return operator.index(b)
+        except TypeError:
+            got = f"{_kind(b)} {b!r}"
+    raise TypeError(BOUNDS.format(which=which, got=got))

@@ -68,7 +68,10 @@ def hoist_invariants(fx_tracer: Any, node: torch.fx.Node, out: list, init: list)
     # temporary handle it makes for an intermediate buffer passed as an additional
     # input after the first step (torch 2.13: a crash), not one for a graph input
     hoisted = [i for i, (s, _) in srcs.items() if s is not None and s.op == "placeholder"]
-    if len(hoisted) == len(init_nodes):  # the op needs a carry (an empty one fails)
+    n_ys = len(sub.graph.output_node().args[0]) - len(init_nodes)
+    # the op needs a carry (an empty one fails), and two outputs (inductor 2.13
+    # unwraps a single one once too often when it lowers the op)
+    while hoisted and len(init_nodes) - len(hoisted) < max(1, 2 - n_ys):
         hoisted = hoisted[1:]
     users = list(node.users)
     if not hoisted or any(

@@ -27,8 +27,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import optree
@@ -38,7 +41,7 @@ from torch import Tensor
 from ._loop_checks import NAMESPACE, LoopWarning, _split, check_carry, y_leaves
 from ._loops_hoist import hoist_invariants
 
-__all__ = ["scan_compiled"]
+__all__ = ["abstract_step", "concrete", "loops_unrolled", "scan_compiled"]
 
 UNROLLED = (
     "fd.scan: torch's scan op cannot follow this loop ({why}); the loop of {n} steps is "
@@ -55,13 +58,87 @@ def _warn(why: str, n: int, fix: str = "") -> None:
     warnings.warn(UNROLLED.format(why=why, n=n, fix=fix), LoopWarning, stacklevel=4)
 
 
+INDUCTOR_FAILED = (
+    "fd.jit: inductor could not compile torch's scan op in this function ({err}); it is "
+    "traced again with its loops unrolled (right, but the graph and its compile time "
+    "grow with the lengths). Please report the loop to functd."
+)
+_UNROLL: contextvars.ContextVar[bool] = contextvars.ContextVar("fd_unroll", default=False)
+
+
+@contextlib.contextmanager
+def loops_unrolled(error: BaseException) -> Iterator[None]:
+    """A trace in which every ``fd.scan`` unrolls: fd.jit's way out when inductor fails
+    on the op (one LoopWarning naming the error)."""
+    err = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+    warnings.warn(INDUCTOR_FAILED.format(err=err[:300]), LoopWarning, stacklevel=3)
+    token = _UNROLL.set(True)
+    try:
+        yield
+    finally:
+        _UNROLL.reset(token)
+
+
 def scan_compiled(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     """``(carry, ys)`` through torch's scan op, or None: unroll (a LoopWarning said why)."""
+    if not torch.compiler.is_dynamo_compiling() and _UNROLL.get():  # (dynamo: no get)
+        return None
     if not init_leaves:
         return _tokened(f, init, init_spec, xs_leaves, xs_spec, n, reverse)
     if torch.compiler.is_dynamo_compiling():
         return _dynamo(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
     return _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
+
+
+def abstract_step(f: Any, init: Any, xs_leaves: list, xs_spec: Any) -> Any:
+    """``f(init, x)`` on a slice of zeros shaped as a step of ``xs``, for its shapes and
+    dtypes only (a loop of 0 steps): on fake tensors eager (closed-over tensors are
+    faked as met), on the trace's fake tensors without recording it under make_fx,
+    traced (and dropped as dead code) under dynamo. A step that fake tensors cannot
+    run (an op without a fake kernel, a value read in Python) runs on real zeros, its
+    result thrown away."""
+    from torch._subclasses import fake_tensor as ft
+    from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+
+    from ._loop_index import index_mode
+
+    def call() -> Any:
+        x = None
+        if xs_spec is not None:
+            x = optree.tree_unflatten(xs_spec, [v.new_zeros(v.shape[1:]) for v in xs_leaves])
+        return f(init, x)
+
+    if torch.compiler.is_dynamo_compiling():
+        return call()
+    if torch.compiler.is_compiling():
+        with disable_proxy_modes_tracing(), index_mode():
+            return call()
+    try:
+        with ft.FakeTensorMode(allow_non_fake_inputs=True), index_mode():
+            return call()
+    except (
+        ft.UnsupportedFakeTensorException,
+        ft.UnsupportedOperatorException,
+        ft.DataDependentOutputException,
+        ft.DynamicOutputShapeException,
+        NotImplementedError,
+    ):  # an op without a fake kernel, a value read in Python: on real zeros
+        return call()
+
+
+def concrete(b: int | Tensor) -> int | None:
+    """The value of a loop bound, or None where it has none yet (traced while
+    compiling, or mapped by ``fd.vmap``: a bound per member)."""
+    if not isinstance(b, Tensor):
+        return b
+    if torch.compiler.is_compiling():
+        return None
+    t = b
+    while _F.is_functorch_wrapped_tensor(t):
+        if _F.is_batchedtensor(t):
+            return None
+        t = _F.get_unwrapped(t)
+    return int(t.item())
 
 
 def _tokened(f, init, init_spec, xs_leaves, xs_spec, n, reverse):
@@ -91,7 +168,10 @@ def _inputs(init_leaves, xs_leaves, n, reverse) -> list[Tensor]:
 
 def _body(f, init_leaves, init_spec, xs_spec, box: list | None):
     """The step on flat leaves: ``(*carry, *x) -> [*carry, *y]`` (fresh tensors: the
-    op refuses outputs that alias its inputs)."""
+    op refuses outputs that alias its inputs). A step with one output (one carry, no
+    ``y``: every ``fori_loop`` of one tensor) gets a 0-d ``y`` more, dropped after
+    the op: inductor 2.13 rewrites the op into a while loop whose single output it
+    unwraps once too often ("getitem is not an OpOverload")."""
     n_init = len(init_leaves)
 
     def body(*leaves: Tensor) -> list[Tensor]:
@@ -102,6 +182,8 @@ def _body(f, init_leaves, init_spec, xs_spec, box: list | None):
         new, y = _split(out)
         c = check_carry(init_spec, init_leaves, new)
         ys, spec = y_leaves(y)
+        if len(c) + len(ys) < 2:  # one output: inductor 2.13 fails on it (above)
+            ys = [*ys, torch.zeros((), device=c[0].device)]
         if box is None:  # dynamo
             return [v.clone() for v in c] + [v.clone() for v in ys]
         box.append(spec)
@@ -123,7 +205,7 @@ def _canonical(t: Tensor) -> Tensor:
 
 def _finish(out: list, init_spec, y_spec, n_init: int, reverse: bool):
     carry = optree.tree_unflatten(init_spec, list(out[:n_init]))
-    ys = list(out[n_init:])
+    ys = list(out[n_init : n_init + y_spec.num_leaves])  # (without _body's padding)
     if reverse:
         ys = [torch.flip(v, (0,)) for v in ys]
     return carry, optree.tree_unflatten(y_spec, ys)
