@@ -287,25 +287,31 @@ def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse
     from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
 
     level, size = vmap.level(), vmap.batch_size()
-    mapped = _mapped_closures(f, level)
-    if mapped:
+    closed = _mapped_cells(f, level)  # mapped tensors f closes over: extra carries
+    if closed is None:
+        mapped = _mapped_closures(f, level)
         raise TypeError(MAPPED_CLOSURE.format(names=", ".join(repr(m) for m in mapped)))
-    (c0, x0), (c_dims, x_dims) = unwrap_batched((list(init_leaves), list(xs_leaves)), level)
-    c0 = [_at(t, d, 0, size) for t, d in zip(c0, c_dims)]  # every carry batched
+    extra = [leaves[k] for _, _, leaves, _, idx in closed for k in idx]
+    (c0, x0, e0), (c_dims, x_dims, e_dims) = unwrap_batched(
+        (list(init_leaves), list(xs_leaves), extra), level
+    )
+    n_c = len(c0)
+    c0 = [_at(t, d, 0, size) for t, d in zip([*c0, *e0], [*c_dims, *e_dims])]  # all batched
     x0 = [t if d is None else t.movedim(d, 1) for t, d in zip(x0, x_dims)]
     x_in = [None if d is None else 0 for d in x_dims]  # a step's slice: dim 0
     box: list = []
 
     def step(c: list, x: list | None):
         def batched(cs: list, xl: list):
-            out = f(
-                optree.tree_unflatten(init_spec, cs),
-                None if xs_spec is None else optree.tree_unflatten(xs_spec, xl),
-            )
+            with _swapped(closed, cs[n_c:]):  # f reads this level's closed-over tensors
+                out = f(
+                    optree.tree_unflatten(init_spec, cs[:n_c]),
+                    None if xs_spec is None else optree.tree_unflatten(xs_spec, xl),
+                )
             new, y = _split(out)
             ys, spec = y_leaves(y)
             box.append(spec)
-            return check_carry(init_spec, init_leaves, new), ys
+            return [*check_carry(init_spec, init_leaves, new), *cs[n_c:]], ys
 
         (cs, ys), (cd, yd) = restore_vmap(batched, ([0] * len(c), x_in), size, vmap.randomness())(
             c, x if x is not None else []
@@ -321,17 +327,77 @@ def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse
     if out is None:
         return None
     carry, ys = out
-    carry = wrap_batched((list(carry),), (0,), level)[0]
+    carry = wrap_batched((list(carry)[:n_c],), (0,), level)[0]
     ys = wrap_batched((list(ys),), (1,), level)[0]
     return optree.tree_unflatten(init_spec, list(carry)), optree.tree_unflatten(box[-1], list(ys))
 
 
 MAPPED_CLOSURE = (
     "fd.scan under fd.vmap inside fd.jit: the step closes over {names}, a tensor that "
-    "fd.vmap maps; torch cannot trace a loop over it. Pass it in the carry (e.g. "
-    "carry=(h, w), returned unchanged): when it is an input of the jitted function, "
-    "the loop takes it back out of the carry, so this costs nothing."
+    "fd.vmap maps, through a functools.partial argument, which functd cannot rebind per "
+    "step. Close over it in a plain function (lambda h, x: step(w, h, x)), or pass it in "
+    "the carry (e.g. carry=(h, w), returned unchanged)."
 )
+
+
+def _mapped(v: Any, level: int) -> bool:
+    return isinstance(v, Tensor) and _F.is_batchedtensor(v) and _F.maybe_get_level(v) == level
+
+
+def _mapped_cells(f: Any, level: int, depth: int = 0, seen: dict | None = None) -> list | None:
+    """The closure cells of ``f`` (and of the functions it closes over) whose value holds
+    tensors mapped at vmap ``level``: ``(cell, value, leaves, spec, mapped positions)``
+    each, or None when such a tensor is a ``functools.partial`` argument (not a cell).
+    ``_batch_first`` carries those tensors through the loop, returned unchanged (the
+    loop hoists them back out when they are inputs of the jitted function), and rebinds
+    the cells to the step's own view of them while ``f`` runs (``_swapped``)."""
+    seen = {} if seen is None else seen
+    if depth > 4:
+        return []
+    if isinstance(f, functools.partial):
+        if _mapped_in([("argument", v) for v in (*f.args, *f.keywords.values())], level):
+            return None
+        return _mapped_cells(f.func, level, depth + 1, seen)
+    cells = getattr(f, "__closure__", None)
+    if getattr(f, "__code__", None) is None or not cells:
+        return []
+    found: list = []
+    for cell in cells:
+        try:
+            value = cell.cell_contents
+        except ValueError:  # an empty cell (a name not bound yet)
+            continue
+        if id(cell) in seen:
+            continue
+        seen[id(cell)] = cell
+        if callable(value) and not isinstance(value, Tensor):
+            inner = _mapped_cells(value, level, depth + 1, seen)
+            if inner is None:
+                return None
+            found += inner
+            continue
+        leaves, spec = optree.tree_flatten(value, namespace=NAMESPACE)
+        idx = [k for k, v in enumerate(leaves) if _mapped(v, level)]
+        if idx:
+            found.append((cell, value, leaves, spec, idx))
+    return found
+
+
+@contextlib.contextmanager
+def _swapped(closed: list, values: list) -> Iterator[None]:
+    """The cells of ``closed`` (``_mapped_cells``) hold ``values`` in place of their
+    mapped tensors for the block, then their own values again."""
+    it = iter(values)
+    try:
+        for cell, _, leaves, spec, idx in closed:
+            new = list(leaves)
+            for k in idx:
+                new[k] = next(it)
+            cell.cell_contents = optree.tree_unflatten(spec, new)
+        yield
+    finally:
+        for cell, value, *_ in closed:
+            cell.cell_contents = value
 
 
 def _mapped_closures(f: Any, level: int, depth: int = 0) -> list[str]:
