@@ -4,6 +4,8 @@ and fd.jvp; reverse mode refused with JAX's rule."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -196,12 +198,35 @@ def test_jit_of_vmap_equals_eager_vmap():
     assert torch.equal(got["x"], ref["x"]) and torch.equal(got["k"], torch.tensor([2, 1, 1, 0, 4]))
 
 
-def test_jit_of_vmap_refuses_a_mapped_closure_with_the_fix():
-    f = fd.vmap(lambda x, n: fd.while_loop(lambda c: c < n, lambda c: c + 2, x), in_dims=(None, 0))
+def test_jit_of_vmap_with_mapped_closures_equals_the_eager_vmap():
+    """cond and body closing over tensors fd.vmap maps: one while op under fd.jit (the
+    tensors ride in the carry), each member stopping at its own count, as eager."""
+
+    def g(x, n, w):
+        return fd.while_loop(lambda c: c[0] < n, lambda c: (c[0] + 2, c[1] * w), x)
+
+    f = fd.vmap(g, in_dims=(None, 0, 0))
+    args = (
+        (torch.tensor(0), torch.ones(3)),
+        torch.tensor([2, 3, 7]),
+        torch.tensor([0.5, 2.0, 3.0]),
+    )
+    got, ref = fd.jit(f, backend="fx")(*args), f(*args)
+    assert torch.equal(ref[0], torch.tensor([2, 4, 8]))
+    assert_close(got, ref)
+    assert args[1].shape == (3,)  # the closures hold the caller's tensors again
+
+
+def test_jit_of_vmap_refuses_a_mapped_partial_argument_with_the_fix():
+    def cond(n, c):
+        return c < n
+
+    f = fd.vmap(
+        lambda x, n: fd.while_loop(functools.partial(cond, n), lambda c: c + 2, x),
+        in_dims=(None, 0),
+    )
     assert torch.equal(f(torch.tensor(0), torch.tensor([2, 3])), torch.tensor([2, 4]))
-    with pytest.raises(
-        fd.TransformError, match=r"closes over 'n', a tensor that fd.vmap maps.*carry"
-    ):
+    with pytest.raises(fd.TransformError, match=r"closes over 'argument'.*functools.partial"):
         fd.jit(f, backend="fx")(torch.tensor(0), torch.tensor([2, 3]))
 
 

@@ -41,7 +41,9 @@ from ._loops_hop import (
     _canonical,
     _constant_of,
     _is_fake,
+    _mapped_cells,
     _mapped_closures,
+    _swapped,
     _vmap_on_top,
 )
 from ._paths import fmt_path
@@ -74,8 +76,9 @@ JIT_FORWARD = (
 )
 MAPPED_CLOSURE = (
     "{where} under fd.vmap inside fd.jit: cond or body closes over {names}, a tensor "
-    "that fd.vmap maps; torch cannot trace a loop over it. Pass it in the carry "
-    "(returned unchanged by body)."
+    "that fd.vmap maps, through a functools.partial argument, which functd cannot rebind "
+    "per step. Close over it in a plain function, or pass it in the carry (returned "
+    "unchanged by body)."
 )
 VMAP_BELOW = (
     "{where}: the loop's predicate is mapped by an fd.vmap that is not the innermost "
@@ -324,24 +327,38 @@ def _batched(
     from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
 
     level, size, rnd = vmap.level(), vmap.batch_size(), vmap.randomness()
+    closed: list = []  # traced: mapped tensors cond/body close over ride in the carry
     if torch.compiler.is_compiling():
-        mapped = [m for fn in user for m in _mapped_closures(fn, level)]
-        if mapped:
+        seen: dict = {}
+        found = [_mapped_cells(fn, level, 0, seen) for fn in user]
+        if any(c is None for c in found):
+            mapped = [m for fn in user for m in _mapped_closures(fn, level)]
             names = ", ".join(dict.fromkeys(repr(m) for m in mapped))
             raise TransformError(MAPPED_CLOSURE.format(where=where, names=names))
-    (c0,), (dims,) = unwrap_batched((list(leaves),), level)
-    c0 = [_at(t, d, 0, size) for t, d in zip(c0, dims)]  # every carry batched, dim 0
+        closed = [c for cells in found for c in cells or ()]
+    extra = [lv[k] for _, _, lv, _, idx in closed for k in idx]
+    (c0, e0), (dims, e_dims) = unwrap_batched((list(leaves), extra), level)
+    n = len(c0)
+    c0 = [_at(t, d, 0, size) for t, d in zip([*c0, *e0], [*dims, *e_dims])]  # all at dim 0
     in_dims = ([0] * len(c0),)
 
+    def run_cond(c: list) -> Tensor:
+        with _swapped(closed, c[n:]):
+            return cond_flat(c[:n])
+
+    def run_body(c: list) -> list:
+        with _swapped(closed, c[n:]):
+            return [*body_flat(c[:n]), *c[n:]]
+
     def pred(cs: list) -> tuple[Tensor, Any]:
-        return restore_vmap(lambda c: cond_flat(c), in_dims, size, rnd)(cs)
+        return restore_vmap(run_cond, in_dims, size, rnd)(cs)
 
     def cond_lower(cs: list) -> Tensor:
         p, d = pred(cs)
         return p if d is None else p.any()
 
     def body_lower(cs: list) -> list:
-        new, nd = restore_vmap(lambda c: body_flat(c), in_dims, size, rnd)(cs)
+        new, nd = restore_vmap(run_body, in_dims, size, rnd)(cs)
         new = [_at(t, d, 0, size) for t, d in zip(new, nd)]
         p, d = pred(cs)
         if d is None:
@@ -351,7 +368,7 @@ def _batched(
 
     with vmap.lower():
         out = _run(cond_lower, body_lower, c0, where, user)
-    return list(wrap_batched((list(out),), (0,), level)[0])
+    return list(wrap_batched((list(out)[:n],), (0,), level)[0])
 
 
 # ---------------------------------------------------------------------------- make_fx
