@@ -91,7 +91,9 @@ class _Draw(Exception):
         self.op, self.frame = op, frame
 
 
-def draw_site(op: Any, fn: Callable, fakes: list) -> tuple[str, str, str]:
+def draw_site(
+    op: Any, fn: Callable, fakes: list, tracing: Callable[[], Any]
+) -> tuple[str, str, str]:
     """``(op, site, fix)`` for the draw ``op`` the graph holds: the op as torch code
     called it (the graph's may come from its decomposition), `` in <torch module>
     (submodule `path`) of <functd module> at file:line (`code`)`` and the way around.
@@ -119,9 +121,7 @@ def draw_site(op: Any, fn: Callable, fakes: list) -> tuple[str, str, str]:
     fake = mode or FakeTensorMode(allow_non_fake_inputs=True)
     called = _Called()
     try:
-        from ._jit_trace import _tracing  # (it imports this module)
-
-        with _tracing(), torch.enable_grad(), fake, _FindDraw(), called:
+        with tracing(), torch.enable_grad(), fake, _FindDraw(), called:
             fn(*fakes)
     except _Draw as found:
         site, module = _site(found.frame, fn.__code__)

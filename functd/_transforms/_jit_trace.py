@@ -328,9 +328,10 @@ def _check_graph(
                 raise TransformError(TRACED_CONSTANT.format(name=name, attr=attr))
         for node in sub.graph.nodes:  # a loop's step (a subgraph) too
             if draws(node.target, node.args, node.kwargs):
-                op, site, fix = (
-                    draw_site(node.target, *again()) if again else (node.target, "", FIX_KEYS)
-                )
+                op, site, fix = node.target, "", FIX_KEYS
+                if again:
+                    fn, fakes = again()
+                    op, site, fix = draw_site(node.target, fn, fakes, _tracing)
                 raise TransformError(GLOBAL_RANDOM.format(name=name, op=op, site=site, fix=fix))
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node in gm.graph.nodes:
