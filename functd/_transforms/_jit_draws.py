@@ -139,9 +139,7 @@ def _site(frame: Any, stop: Any) -> tuple[str, torch.nn.Module | None]:
     and ``stop`` (the traced function's code): the innermost torch module's
     ``forward``, its path in the module a ``FunctionalCall`` runs, the innermost
     functd module, and the innermost line outside torch."""
-    from .._modules._call import ModuleKind
-    from ..nn._functional_call import FunctionalCall
-
+    # (by their attributes: this room imports neither functd.nn nor the modules room)
     at = torch_module = root = label = None
     while frame is not None and frame.f_code is not stop:
         code, me = frame.f_code, frame.f_locals.get("self")
@@ -150,9 +148,9 @@ def _site(frame: Any, stop: Any) -> tuple[str, torch.nn.Module | None]:
             at = f" at {code.co_filename}:{frame.f_lineno} (`{line}`)"
         if torch_module is None and code.co_name == "forward" and isinstance(me, torch.nn.Module):
             torch_module = me
-        if root is None and isinstance(me, FunctionalCall):
+        if root is None and _wraps_torch_module(me):  # fd.nn's FunctionalCall
             root = me.module
-        if label is None and isinstance(me, ModuleKind):
+        if label is None and callable(getattr(me, "_label", None)):  # a functd module
             label = me._label()
         frame = frame.f_back
     where = []
@@ -163,6 +161,14 @@ def _site(frame: Any, stop: Any) -> tuple[str, torch.nn.Module | None]:
     if label is not None:
         where.append(f"of {label}" if where else label)
     return (" in " + " ".join(where) if where else "") + (at or ""), torch_module
+
+
+def _wraps_torch_module(v: Any) -> bool:
+    """Whether ``v`` runs a torch module it holds as ``.module`` (fd.nn's
+    FunctionalCall), without being one."""
+    return isinstance(getattr(v, "module", None), torch.nn.Module) and not isinstance(
+        v, torch.nn.Module
+    )
 
 
 def fix(op: Any, called: str | None, module: torch.nn.Module | None) -> str:

@@ -120,6 +120,11 @@ def scan(
         raise TypeError(NOT_CALLABLE.format(kind=_kind(f)))
     unroll = check_unroll(unroll, "scan")
     xs_leaves, xs_spec, n = _flat_xs(xs, length)
+    return _scan_weak(f, init, xs_leaves, xs_spec, n, reverse, unroll)
+
+
+def _scan_weak(f, init, xs_leaves, xs_spec, n, reverse, unroll):
+    """The loop, restarted when its first step shows a weakly typed carry's dtype."""
     init, weak = as_carry(init, xs_leaves)
     scalars = False  # the step returns Python scalars in the carry: made tensors
     while True:  # each retry makes a weak carry strong or turns scalars on: bounded
