@@ -345,14 +345,9 @@ def test_vmaps_of_while_loop():
     assert torch.equal(out, x[:, None] + n[None, :])
 
 
-NARROW = pytest.mark.xfail(
-    strict=True, reason="a 0-d int64 init beats a 0-d narrower increment in torch's promotion"
-)
-
-
 @pytest.mark.parametrize(
     "dtype",
-    [torch.int64] + [pytest.param(d, marks=NARROW) for d in (torch.int8, torch.int32, torch.uint8)],
+    [torch.int64, torch.int8, torch.int32, torch.uint8],
 )
 def test_while_loop_init_weak_type(dtype):
     increment = _t(1, dtype)
@@ -370,7 +365,6 @@ def test_while_loop_fixed_point_with_batched_pred_and_consts():
     assert torch.equal(out, (1.0 + 5 - torch.arange(4.0))[:, None].expand(4, 3))
 
 
-@pytest.mark.xfail(strict=True, reason="fd.while_loop under vmap batches every carry")
 def test_while_readonly_carry_optimization():
     def foo(w, x, c_max):
         _, x, w = fd.while_loop(

@@ -84,6 +84,39 @@ def test_python_scalars_in_init_take_the_dtype_body_gives_them():
     assert s.item() == 1.0 and t.item() == 1.0
 
 
+def test_weak_scalar_init_follows_python_scalar_semantics():
+    # body is probed with the Python scalar itself (JAX traces it weakly typed): 0 + an
+    # int8 tensor is int8, 0.0 + an int8 tensor the default float; a bool is not weak
+    inc = torch.tensor(1, dtype=torch.int8)
+    for f in (lambda g: g, lambda g: fd.jit(g, backend="fx")):
+        got = f(lambda i: fd.while_loop(lambda v: v < 5, lambda v: v + i, 0))(inc)
+        assert got.dtype == torch.int8 and got.item() == 5
+        got = f(lambda i: fd.while_loop(lambda v: v < 2.5, lambda v: v + i, 0.0))(inc)
+        assert got.dtype == torch.get_default_dtype() and got.item() == 3.0
+    flip = fd.while_loop(lambda c: c[1] < 3, lambda c: (~c[0], c[1] + 1), (True, 0))
+    assert flip[0].dtype == torch.bool and flip[0].item() is False
+    # a member's own dtype under fd.vmap, as the per-member loop
+    incs = torch.tensor([1, 2, 3], dtype=torch.int8)
+    got = fd.vmap(lambda i: fd.while_loop(lambda v: v < 6, lambda v: v + i, 0))(incs)
+    ref = [fd.while_loop(lambda v, i=i: v < 6, lambda v, i=i: v + i, 0) for i in incs]
+    assert got.dtype == torch.int8 and got.tolist() == [r.item() for r in ref] == [6, 6, 6]
+
+
+def test_weak_scalar_probe_falls_back_to_tensors_for_tensor_methods():
+    # v.add needs a tensor: the probe runs on the 0-d int64 init (torch's promotion)
+    inc = torch.tensor(1, dtype=torch.int8)
+    got = fd.while_loop(lambda v: v < 3, lambda v: v.add(inc), 0)
+    assert got.dtype == torch.int64 and got.item() == 3
+    # a Python scalar result of the probe: result_type(init's dtype, it)
+    x = torch.tensor([2.0, 4.0], dtype=D)
+    k, y = fd.while_loop(lambda c: c[0] < 3, lambda c: (c[0] + 0.5, c[1] / 2), (0, x))
+    assert k.dtype == torch.get_default_dtype() and y.dtype == D
+    ref_k, ref_y = 0.0, x
+    while ref_k < 3:
+        ref_k, ref_y = ref_k + 0.5, ref_y / 2
+    assert k.item() == ref_k and torch.equal(y, ref_y)
+
+
 def test_bad_inputs_get_errors_naming_the_argument():
     with pytest.raises(TypeError, match=r"fd.while_loop: cond must be a callable"):
         fd.while_loop(3, lambda c: c, torch.zeros(()))
@@ -137,6 +170,69 @@ def test_nested_vmaps_and_batched_closure():
     out = fd.vmap(fd.vmap(f, in_dims=(None, 0)), in_dims=(None, 0))(torch.tensor(0), limits)
     ref = torch.tensor([[f(torch.tensor(0), n) for n in row] for row in limits])
     assert torch.equal(out, ref) and torch.equal(out, torch.tensor([[3, 6], [9, 3]]))
+
+
+def _power(w, x, n):
+    """x @ w n times; w rides in the carry unchanged (JAX's readonly carry)."""
+    _, x, w = fd.while_loop(lambda v: v[0] < n, lambda v: (v[0] + 1, v[1] @ v[2], v[2]), (0, x, w))
+    return w, x
+
+
+def _power_loop(w, xs, ns):
+    return torch.stack([torch.linalg.matrix_power(w, int(n)).T @ x for x, n in zip(xs, ns)])
+
+
+def test_readonly_carry_stays_unbatched_eager_and_under_jit():
+    w = torch.tensor([[1.0, 2.0], [0.5, -1.0]], dtype=D)
+    xs, ns = torch.randn(4, 2, dtype=D), torch.tensor([0, 3, 1, 2])
+    f = fd.vmap(_power, in_dims=(None, 0, 0), out_dims=(None, 0))
+    for g in (f, fd.jit(f, backend="fx")):
+        w_, x_ = g(w, xs, ns)  # out_dims=None: w comes back unbatched
+        assert torch.equal(w_, w)
+        assert_close(x_, _power_loop(w, xs, ns))
+    graph = fd.jit(f, backend="fx").lower(w, xs, ns).graph
+    assert graph.count("higher_order.while_loop(") == 1
+    # nested vmaps: w unbatched at both levels
+    xss, nss = torch.randn(3, 4, 2, dtype=D), torch.tensor([[0, 1, 2, 3]] * 3)
+    inner = fd.vmap(_power, in_dims=(None, 0, 0), out_dims=(None, 0))
+    w_, x_ = fd.vmap(inner, in_dims=(None, 0, 0), out_dims=(None, 0))(w, xss, nss)
+    assert torch.equal(w_, w)
+    assert_close(x_, torch.stack([_power_loop(w, a, b) for a, b in zip(xss, nss)]))
+
+
+def test_unbatched_carry_that_body_changes_is_batched():
+    # a, unbatched, is doubled by body: the loop restarts with it batched (per member)
+    def f(a, x, n):
+        return fd.while_loop(
+            lambda v: v[0] < n, lambda v: (v[0] + 1, v[1] * 2, v[2] + v[1]), (0, a, x)
+        )
+
+    a, xs, ns = torch.ones(3, dtype=D), torch.randn(4, 3, dtype=D), torch.tensor([0, 1, 2, 3])
+    for g in (
+        fd.vmap(f, in_dims=(None, 0, 0)),
+        fd.jit(fd.vmap(f, in_dims=(None, 0, 0)), backend="fx"),
+    ):
+        got = g(a, xs, ns)
+        ref = [f(a, x, n) for x, n in zip(xs, ns)]
+        for k in range(3):
+            assert_close(got[k], torch.stack([r[k] for r in ref]))
+    graph = fd.jit(fd.vmap(f, in_dims=(None, 0, 0)), backend="fx").lower(a, xs, ns).graph
+    assert graph.count("higher_order.while_loop(") == 1  # the first try (a kept) left nothing
+    # the counter (0-d) is batched from the start: body runs once per step and once for
+    # the weak type of 0, no restart for the counter; w is kept (out_dims 0: expanded)
+    calls = []
+
+    def power(w, x, n):
+        def body(v):
+            calls.append(1)
+            return v[0] + 1, v[1] @ v[2], v[2]
+
+        return fd.while_loop(lambda v: v[0] < n, body, (0, x, w))[1:]
+
+    w = torch.ones(2, 2, dtype=D)
+    x_, w_ = fd.vmap(power, in_dims=(None, 0, 0))(w, xs[:, :2], ns)
+    assert len(calls) == 1 + 3 and w_.shape == (4, 2, 2)
+    assert_close(x_, _power_loop(w, xs[:, :2], ns))
 
 
 # ---------------------------------------------------------------------------- fd.jit

@@ -8,8 +8,9 @@ what is on top of torch's transform stack:
   lower: every carry gets its batch dim first; when ``cond`` depends on the mapped
   values, the loop runs while any member's predicate holds and a step only changes
   the members still running (``torch.where(pred_b, new, old)``); a predicate that
-  is the same for every member runs the plain loop. Nested vmaps: one level at a
-  time.
+  is the same for every member runs the plain loop. A carry that body returns as it
+  was, unbatched in init, stays unbatched (JAX's readonly carry). Nested vmaps: one
+  level at a time.
 - **make_fx** (``fd.jit``'s trace): torch's ``while_loop`` higher-order op, one
   graph whatever the number of steps. Tensors ``cond``/``body`` close over become
   inputs of the op (``additional_inputs``), in nested loops too.
@@ -35,7 +36,7 @@ import torch
 from torch import Tensor
 
 from .._td._tree import NAMESPACE
-from ._loop_checks import check_carry
+from ._loop_checks import _weak_result, check_carry
 from ._loops_hop import (
     _at,
     _canonical,
@@ -92,9 +93,17 @@ def while_loop(cond: Callable[[Any], Any], body: Callable[[Any], Any], init: Any
     returns the final carry (``init`` when ``cond(init)`` is False).
 
     ``init`` is a pytree (TensorDicts, dicts, tuples) of tensors; a Python bool, int
-    or float leaf becomes a 0-d tensor (bool, int64, torch's default float dtype) and
-    takes the dtype of what ``body`` returns for it (JAX's weak types). Eager it is a
-    Python loop; under ``fd.jit`` torch's while_loop op (one graph); under
+    or float leaf becomes a 0-d tensor (bool, int64, torch's default float dtype). An
+    int or float leaf is weakly typed, as in JAX: it takes the dtype ``body`` gives
+    it, found by one call of ``body`` with the Python scalar in its place (``0 + x``
+    with ``x`` a 0-d int8 tensor is int8, Python-scalar semantics; a body that needs a
+    tensor there, ``c.add(x)``, is called with the 0-d tensor instead, where torch's
+    promotion keeps int64). A bool leaf stays bool. (``fd.scan`` reads the dtype from
+    its first step, on the 0-d tensor: there ``0 + x`` stays int64.) Under
+    ``fd.vmap``, a carry whose init is unbatched and that ``body`` returns as it was
+    (weights the loop reads) stays unbatched, as JAX's readonly carries
+    (``out_dims=None`` works for it; a 0-d one, a counter or bound, is batched). Eager
+    it is a Python loop; under ``fd.jit`` torch's while_loop op (one graph); under
     ``fd.vmap`` with a mapped predicate, every member runs until its own ``cond``
     fails (the loop runs while any member's does). Forward mode (``fd.jvp``) works
     eagerly; reverse mode (``fd.grad``, ``fd.vjp``) is refused, as in JAX.
@@ -186,7 +195,8 @@ def _device(tree: Any) -> Any:
 def _while(cond: Callable, body: Callable, init: Any, where: str) -> Any:
     paths, leaves, spec = optree.tree_flatten_with_path(init, namespace=NAMESPACE)
     device = _device(init)
-    weak = [not isinstance(v, Tensor) for v in leaves]
+    raw = leaves
+    weak = [type(v) in (int, float) for v in raw]  # JAX's weak types (a bool is bool)
     leaves = [_as_tensor(v, p, device, where) for p, v in zip(paths, leaves)]
     grads = _grad_levels()
     if grads and any(v.requires_grad for v in leaves):
@@ -204,7 +214,7 @@ def _while(cond: Callable, body: Callable, init: Any, where: str) -> Any:
             raise TypeError(_renamed(str(e), where)) from None
 
     if any(weak):  # JAX's weak types: a scalar leaf takes the dtype body gives it
-        leaves = _promote(body, spec, leaves, weak)
+        leaves = _promote(body, spec, leaves, raw, weak)
         checked = leaves
     out = _run(cond_flat, body_flat, leaves, where, (cond, body))
     if grads and any(v.requires_grad for v in out):
@@ -277,20 +287,36 @@ def _as_tensor(v: Any, path: Any, device: Any, where: str) -> Tensor:
     raise TypeError(INIT_LEAF.format(where=where, path=fmt_path(path, ""), kind=kind))
 
 
-def _promote(body: Callable, spec: Any, leaves: list[Tensor], weak: list[bool]) -> list[Tensor]:
-    """The carry with each scalar leaf cast to the dtype ``body`` returns for it (one
-    call of ``body`` on the init, as JAX traces it; its result is discarded). Only a
-    0-d result of another dtype moves a leaf; anything else is left to the check."""
-    try:
-        new = optree.tree_leaves(body(optree.tree_unflatten(spec, leaves)), namespace=NAMESPACE)
-    except Exception:  # body fails on the init: the loop itself reports it (or never runs)
-        return leaves
-    if len(new) != len(leaves):
+def _promote(
+    body: Callable, spec: Any, leaves: list[Tensor], raw: list, weak: list[bool]
+) -> list[Tensor]:
+    """The carry with each weakly typed leaf (a Python int or float in init) cast to
+    the dtype ``body`` gives it, as JAX traces ``body`` with weakly typed values. The
+    probe (a call of ``body`` whose result is discarded) gets the Python scalars
+    themselves in those places, so Python-scalar semantics decide: ``0 + x`` of a 0-d
+    int8 ``x`` is int8. A body that fails on Python scalars (tensor methods on the
+    carry) is probed with the 0-d tensors instead (then torch's promotion decides: an
+    int64 ``0`` wins over a 0-d int8). A leaf the probe returns as a Python scalar takes
+    ``result_type(init's dtype, it)``, as ``fd.scan``'s; only 0-d results move a leaf,
+    anything else is left to the carry check; a body that fails on both is left to the
+    loop (which reports it, or never runs it)."""
+    values = [x if w else v for v, x, w in zip(leaves, raw, weak)]
+    new = None
+    for probe in (values, leaves):
+        try:
+            new = optree.tree_leaves(body(optree.tree_unflatten(spec, probe)), namespace=NAMESPACE)
+            break
+        except Exception:
+            continue
+    if new is None or len(new) != len(leaves):
         return leaves
     out = []
-    for v, w, n in zip(leaves, weak, new):
-        if w and isinstance(n, Tensor) and n.ndim == 0 and n.dtype != v.dtype:
-            v = v.to(n.dtype)
+    for v, w, x, n in zip(leaves, weak, values, new):
+        if w:
+            if isinstance(n, Tensor) and n.ndim == 0:
+                v = v.to(_weak_result(n.dtype, x))
+            elif type(n) in (int, float):
+                v = v.to(_weak_result(v.dtype, n))
         out.append(v)
     return out
 
@@ -320,13 +346,26 @@ def _jvp_active() -> bool:
 
 
 # ---------------------------------------------------------------------------- vmap
+class _Changed(Exception):
+    """Raised by a step of ``_batched``'s loop: ``(token, positions)``, the carries
+    kept unbatched that body did not return as they were (a restart without them)."""
+
+
 def _batched(
     vmap: Any, cond_flat: Callable, body_flat: Callable, leaves: list, where: str, user: tuple
 ) -> list:
-    """JAX's batching rule for the loop at the innermost vmap, run one level lower."""
-    from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
+    """JAX's batching rule for the loop at the innermost vmap, run one level lower.
 
-    level, size, rnd = vmap.level(), vmap.batch_size(), vmap.randomness()
+    A carry whose init is unbatched and that body returns as it was (the same tensor:
+    weights the loop reads) stays unbatched, as JAX's readonly-carry optimization: no
+    copy per member, and an unbatched output (``out_dims=None`` works for it). The loop
+    assumes it of every unbatched carry of at least one dim and restarts without the
+    ones body changed (eager, body's first step then runs twice; traced, body is traced
+    twice). 0-d carries (counters, bounds) are batched anyway: they cost nothing, and
+    keeping them would mean that restart for every counter."""
+    from torch._functorch.vmap import unwrap_batched
+
+    level = vmap.level()
     closed: list = []  # traced: mapped tensors cond/body close over ride in the carry
     if torch.compiler.is_compiling():
         seen: dict = {}
@@ -338,9 +377,42 @@ def _batched(
         closed = [c for cells in found for c in cells or ()]
     extra = [lv[k] for _, _, lv, _, idx in closed for k in idx]
     (c0, e0), (dims, e_dims) = unwrap_batched((list(leaves), extra), level)
+    keep = {k for k, (t, d) in enumerate(zip(c0, dims)) if d is None and t.ndim > 0}
+    while True:
+        token = object()
+        try:
+            return _batched_loop(
+                vmap, cond_flat, body_flat, (c0, e0, dims, e_dims), closed, keep, token, where, user
+            )
+        except _Changed as e:
+            if e.args[0] is not token:
+                raise
+            keep -= e.args[1]
+
+
+def _batched_loop(
+    vmap: Any,
+    cond_flat: Callable,
+    body_flat: Callable,
+    unwrapped: tuple,
+    closed: list,
+    keep: set[int],
+    token: object,
+    where: str,
+    user: tuple,
+) -> list:
+    """One try of ``_batched``: the carries in ``keep`` unbatched, the others at dim 0."""
+    from torch._functorch.vmap import restore_vmap, wrap_batched
+
+    level, size, rnd = vmap.level(), vmap.batch_size(), vmap.randomness()
+    c0, e0, dims, e_dims = unwrapped
     n = len(c0)
-    c0 = [_at(t, d, 0, size) for t, d in zip([*c0, *e0], [*dims, *e_dims])]  # all at dim 0
-    in_dims = ([0] * len(c0),)
+    cs0 = [
+        t if k in keep else _at(t, d, 0, size)
+        for k, (t, d) in enumerate(zip([*c0, *e0], [*dims, *e_dims]))
+    ]
+    in_dims = ([None if k in keep else 0 for k in range(len(cs0))],)
+    same: list[bool] = []  # per carry of the last step: body returned it as it was
 
     def run_cond(c: list) -> Tensor:
         with _swapped(closed, c[n:]):
@@ -348,7 +420,9 @@ def _batched(
 
     def run_body(c: list) -> list:
         with _swapped(closed, c[n:]):
-            return [*body_flat(c[:n]), *c[n:]]
+            new = [*body_flat(c[:n]), *c[n:]]
+        same[:] = [a is b for a, b in zip(new, c)]
+        return new
 
     def pred(cs: list) -> tuple[Tensor, Any]:
         return restore_vmap(run_cond, in_dims, size, rnd)(cs)
@@ -359,16 +433,22 @@ def _batched(
 
     def body_lower(cs: list) -> list:
         new, nd = restore_vmap(run_body, in_dims, size, rnd)(cs)
-        new = [_at(t, d, 0, size) for t, d in zip(new, nd)]
+        changed = {k for k in keep if not same[k]}
+        if changed:
+            raise _Changed(token, changed)
+        new = [c if s else _at(t, d, 0, size) for t, d, c, s in zip(new, nd, cs, same)]
         p, d = pred(cs)
         if d is None:
             return new
         p = p.movedim(d, 0)
-        return [torch.where(p.view(size, *[1] * (t.ndim - 1)), t, c) for t, c in zip(new, cs)]
+        return [
+            c if s else torch.where(p.view(size, *[1] * (t.ndim - 1)), t, c)
+            for t, c, s in zip(new, cs, same)
+        ]
 
     with vmap.lower():
-        out = _run(cond_lower, body_lower, c0, where, user)
-    return list(wrap_batched((list(out)[:n],), (0,), level)[0])
+        out = _run(cond_lower, body_lower, cs0, where, user)
+    return list(wrap_batched((list(out)[:n],), (in_dims[0][:n],), level)[0])
 
 
 # ---------------------------------------------------------------------------- make_fx
