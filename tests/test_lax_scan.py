@@ -406,9 +406,6 @@ def test_scan_vmap_tuples():
     assert_close(bs, torch.stack([o[1] for o in outs]))
 
 
-@pytest.mark.xfail(
-    strict=True, reason="fd.vmap refuses a None output (the loop's ys); JAX returns None"
-)
 def test_scan_vmap_fixpoint():
     def f(carry_init):
         return fd.scan(

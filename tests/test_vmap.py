@@ -455,3 +455,19 @@ def test_in_dims_broadcast_is_cached_by_structure_and_bounded():
     size = len(_in_dims._CACHE)
     f(boxes[0])  # the same structure: a hit
     assert len(_in_dims._CACHE) == size
+
+
+def test_none_outputs_come_back_as_none_as_in_jax():
+    """torch.func.vmap refuses a None output; jax.vmap returns it (a loop's ys, an
+    optional aux). The tensors beside it equal the per-element loop."""
+    x = torch.randn(3, 2)
+    out, none = fd.vmap(lambda v: (v * 2, None))(x)
+    assert none is None and torch.equal(out, x * 2)
+    assert fd.vmap(lambda v: None)(x) is None
+    got = fd.vmap(lambda v: {"a": v.sum(), "b": None}, out_dims={"a": 0, "b": None})(x)
+    assert got["b"] is None and torch.equal(got["a"], x.sum(1))
+    carry, ys = fd.vmap(lambda v: fd.scan(lambda c, y: (c + y, None), 0.0, v))(x)
+    assert ys is None and torch.allclose(carry, x.sum(1))
+    td = fd.TensorDict({"x": x}, [3])
+    back, none = fd.vmap(lambda t: (t.set("y", t["x"] + 1), None))(td)
+    assert none is None and back.batch_size == (3,) and torch.equal(back["y"], x + 1)

@@ -19,9 +19,11 @@ import functools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import optree
 import torch
 
 from .._td import TensorDict, from_parts
+from .._td._tree import NAMESPACE
 from . import _axes
 from ._compose import derived
 from ._in_dims import in_leaves
@@ -173,6 +175,26 @@ def _move_td(td: TensorDict, d: int) -> TensorDict:
     return from_parts(data, torch.Size((*bs[1 : d + 1], bs[0], *bs[d + 1 :])))
 
 
+_NONE_OUTPUT = "got type <class 'NoneType'>"
+
+
+def _without_nones(out: Any, nones: list[int]) -> Any:
+    """``out`` with each None leaf replaced by an unmapped 0-d tensor (torch.func.vmap
+    returns only tensors); ``nones`` gets their positions among the leaves."""
+    leaves, tree = optree.tree_flatten(out, none_is_leaf=True, namespace=NAMESPACE)
+    nones[:] = [k for k, v in enumerate(leaves) if v is None]
+    filler = torch.zeros(())
+    return optree.tree_unflatten(tree, [filler if v is None else v for v in leaves])
+
+
+def _with_nones(out: Any, nones: list[int]) -> Any:
+    """The mapped output with None back at the positions ``_without_nones`` filled."""
+    leaves, tree = optree.tree_flatten(out, none_is_leaf=True, namespace=NAMESPACE)
+    for k in nones:
+        leaves[k] = None
+    return optree.tree_unflatten(tree, leaves)
+
+
 # ------------------------------------------------------------------ vmap
 def _name(f: Callable) -> str:
     return getattr(f, "__name__", None) or type(f).__name__
@@ -273,21 +295,30 @@ def _mapped(f, name, in_dims, out_dims, randomness, chunk_size, axis_name) -> Ca
         flat, dims, spec = in_leaves(name, args, in_dims)
 
         converted: set = set()
+        nones: list[int] = []  # None outputs: their positions (see _without_nones)
 
-        def flat_f(*leaves: Any) -> Any:
-            out = f(*spec.unflatten(leaves), **kwargs)
-            return _plain(out, out_dims, (), name, converted) if mixed else out
+        def run(fill: bool) -> Any:
+            def flat_f(*leaves: Any) -> Any:
+                out = f(*spec.unflatten(leaves), **kwargs)
+                out = _plain(out, out_dims, (), name, converted) if mixed else out
+                return _without_nones(out, nones) if fill else out
 
-        if axis_name is not None:  # one more leaf: the marker of the named level
-            flat_f, flat, dims = _axes.named_call(axis_name, flat_f, flat, dims)
-        try:
-            out = torch.func.vmap(
-                flat_f,
-                in_dims=tuple(dims),
-                out_dims=torch_out,
-                randomness=randomness,
+            fn, xs, ds = flat_f, flat, dims
+            if axis_name is not None:  # one more leaf: the marker of the named level
+                fn, xs, ds = _axes.named_call(axis_name, flat_f, flat, dims)
+            return torch.func.vmap(
+                fn, in_dims=tuple(ds), out_dims=torch_out, randomness=randomness,
                 chunk_size=chunk_size,
-            )(*flat)
+            )(*xs)  # fmt: skip
+
+        try:
+            try:
+                out = run(False)
+            except ValueError as e:  # torch refuses None outputs; JAX returns None
+                if _NONE_OUTPUT not in str(e):
+                    raise
+                converted.clear()
+                out = _with_nones(run(True), nones)
         except RuntimeError as e:
             new = _translate(e, name)
             if new is None:
