@@ -43,6 +43,9 @@ __all__ = [
 ]
 
 
+_PACK_D, _PACK_DD = _struct.Struct("<d"), _struct.Struct("<dd")  # float, complex bits
+
+
 class Bits:
     """A float or complex leaf of a signature, compared and hashed by its bits: ``==``
     would make ``0.0`` and ``-0.0`` one signature (the code traced with one gives the
@@ -58,11 +61,11 @@ class Bits:
 
     def __init__(self, value: Any) -> None:
         self.value = value
-        if isinstance(value, float):
-            self.bits: bytes = _struct.pack("<d", value)
+        if isinstance(value, float):  # (numpy's float64 too)
+            self.bits: bytes = _PACK_D.pack(value)
         elif isinstance(value, complex):
-            self.bits = _struct.pack("<dd", value.real, value.imag)
-        else:  # a numpy float or complex scalar
+            self.bits = _PACK_DD.pack(value.real, value.imag)
+        else:  # another numpy float or complex scalar
             self.bits = value.tobytes()
 
     def __eq__(self, other: object) -> bool:
@@ -73,9 +76,6 @@ class Bits:
 
     def __repr__(self) -> str:
         return repr(self.value)
-
-
-_PACK_D, _PACK_DD = _struct.Struct("<d"), _struct.Struct("<dd")
 
 
 def leaf_part(v: Any) -> tuple:
