@@ -24,6 +24,13 @@ allocations minus frees during the call, read from ``torch.profiler``
 (``profile_memory=True``) memory events: exact bytes of torch tensors, allocator
 caching aside (CPU has none).
 
+Inference row (issue 38): self-attention ``m.eval()`` under ``torch.no_grad()``,
+batch_first, N=8 L=16 E=64, 4 heads, where torch takes ``_native_multi_head_attention``:
+torch ``m(x, x, x)`` (need_weights True and False) against the eval-mode lowered layer
+and ``fd.Module`` on a TensorDict; BENCH_ROUNDS interleaved rounds, the median of
+the rounds' times and of their per-round ratios (target <= 1.1x). Only this table:
+``.venv/bin/python benchmarks/attention.py inference``.
+
 Targets (issue 20): functd/torch <= 1.1x eager time, <= 1.25x ensemble memory.
 Times are the best of BENCH_ROUNDS interleaved medians of this process's CPU time
 with BENCH_THREADS=1 (BENCH_CLOCK=wall for wall time).
@@ -131,6 +138,70 @@ def time_rows() -> list[list]:
     return out
 
 
+# ------------------------------------------------------------------- inference
+INFER_SHAPE = (8, 16, 64)
+
+
+def _yw(td: fd.TensorDict) -> tuple:
+    return td["y"], td["w"]
+
+
+def inference_cases() -> dict:
+    """call -> (torch fn, functd fn) for the eval no_grad self-attention, checked equal."""
+    n, L, e = INFER_SHAPE
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(e, HEADS, batch_first=True).eval()
+    x = torch.randn(n, L, e)
+    layer, params = fd.nn.lower(m), fd.from_module(m)
+    mod = fd.Module(m, in_keys=["x", "x", "x"], out_keys=["y", "w"])
+    cases = {
+        "layer, need_weights=True": (lambda: m(x, x, x), lambda: layer(params, x, x, x)),
+        "layer, need_weights=False": (
+            lambda: m(x, x, x, need_weights=False),
+            lambda: layer(params, x, x, x, need_weights=False),
+        ),
+        "fd.Module (TensorDict)": (
+            lambda: m(x, x, x),
+            lambda: _yw(mod(params, fd.TensorDict({"x": x}, [n]))),
+        ),
+    }
+    with torch.no_grad():
+        for t_fn, f_fn in cases.values():
+            for a, b in zip(f_fn(), t_fn()):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    return cases
+
+
+def inference_rows() -> list[list]:
+    import statistics
+
+    cases = inference_cases()
+    times: dict = {}
+    with torch.no_grad():
+        for _ in range(ROUNDS):  # interleaved: each round measures torch then functd once
+            for name, fns in cases.items():
+                t, f = (clock_us(fn, RUN_TIME) for fn in fns)
+                times.setdefault(name, []).append((t, f, f / t))
+    out = []
+    for name, ts in times.items():
+        t, f, ratio = (statistics.median(col) for col in zip(*ts))
+        out.append([f"N={INFER_SHAPE[0]} L={INFER_SHAPE[1]} E={INFER_SHAPE[2]}", name, t, f, ratio])
+    return out
+
+
+def inference_main() -> None:
+    torch.set_num_threads(THREADS)
+    clock = "CPU time (process clock)" if CLOCK == "process" else "wall time"
+    print(f"# MultiheadAttention inference, eval + no_grad ({machine()}); {clock}, "
+          f"medians of {ROUNDS} interleaved rounds; load {os.getloadavg()[0]:.2f}\n")  # fmt: skip
+    rows = inference_rows()
+    header = ["case", "call", "torch µs", "functd µs", "functd / torch (median of rounds)"]
+    print(table(header, rows))
+    worst = max(r[4] for r in rows)
+    print(f"\ntarget functd/torch <= 1.1x: worst {worst:.2f}x "
+          f"({'met' if worst <= 1.1 else 'MISSED'})")  # fmt: skip
+
+
 # ---------------------------------------------------------------------- memory
 def memory_rows() -> list[list]:
     rows = []
@@ -170,6 +241,10 @@ def main() -> None:
     print(f"# MultiheadAttention ({machine()}); {clock}, best median of {ROUNDS} rounds\n")
     rows = time_rows()
     print(table(["case", "call", "torch µs", "functd µs", "functd / torch"], rows))
+    print("\n## inference: eval + no_grad, torch's native fused path (medians of rounds)\n")
+    infer = inference_rows()
+    print(table(["case", "call", "torch µs", "functd µs", "functd / torch"], infer))
+    rows += infer
     print("\n## ensemble memory (peak MiB during the call)\n")
     mem = memory_rows()
     header = ["ensemble", "need_weights", "torch fwd", "functd fwd", "ratio",
@@ -185,4 +260,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    inference_main() if sys.argv[1:] == ["inference"] else main()
