@@ -9,7 +9,7 @@ from torch import Tensor
 
 from .._td import TensorDict
 from ._base import Layer, ParamSpec, constant, fan_in_bound, normal, uniform, xavier_uniform
-from ._mha import Masks, Weights, check_mask, forward
+from ._mha import Masks, Weights, check_mask, forward, native_fast_path
 
 __all__ = ["MultiheadAttention"]
 
@@ -152,9 +152,17 @@ class MultiheadAttention(Layer):
             d.get("k_proj_weight"), d.get("v_proj_weight"), d.get("bias_k"), d.get("bias_v"),
             out_proj["weight"], out_proj.get("bias"),
         )  # fmt: skip
+        masks = Masks(attn_mask, key_padding_mask)
+        fast = native_fast_path(
+            query, key_, value, self.num_heads, weights, masks, need_weights,
+            average_attn_weights, batch_first=self.batch_first,
+            add_zero_attn=self.add_zero_attn, training=self.training,
+        )  # fmt: skip
+        if fast is not None:  # torch's fused inference kernel, where torch takes it
+            return fast
         return forward(
             where, query, key_, value, self.num_heads, weights,
-            Masks(attn_mask, key_padding_mask), batch_first=self.batch_first,
+            masks, batch_first=self.batch_first,
             add_zero_attn=self.add_zero_attn, dropout_p=p, need_weights=need_weights,
             average_attn_weights=average_attn_weights, is_causal=is_causal, key=key,
         )  # fmt: skip

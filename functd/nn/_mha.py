@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._sdpa import KEY_REQUIRED, attention_math, dropout, fused_ok
+from ._sdpa import KEY_REQUIRED, _active, attention_math, dropout, fused_ok
 
-__all__ = ["Weights", "forward", "multi_head_attention_forward"]
+__all__ = ["Weights", "forward", "multi_head_attention_forward", "native_fast_path"]
 
 
 class Weights(NamedTuple):
@@ -117,6 +117,99 @@ def forward(
         out = out.squeeze(0)
         weights = None if weights is None else weights.squeeze(0)
     return out, weights
+
+
+# ------------------------------------------------------------- torch's fast path
+# torch's fused inference kernel, as nn.MultiheadAttention calls it (torch 1.12 to 2.13:
+# ``_native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight,
+# qkv_bias, proj_weight, proj_bias, mask, need_weights, average_attn_weights,
+# mask_type)``); None if a torch lacks it: the general path then runs.
+_native_mha = getattr(torch, "_native_multi_head_attention", None)
+_DEVICES = ("cpu", "cuda")  # torch's also admits the privateuse1 backend; we leave it out
+
+
+def native_fast_path(
+    query: Tensor,
+    key_: Tensor,
+    value: Tensor,
+    num_heads: int,
+    w: Weights,
+    masks: Masks,
+    need_weights: bool,
+    average_attn_weights: bool,
+    *,
+    batch_first: bool,
+    add_zero_attn: bool,
+    training: bool,
+) -> tuple[Tensor, Tensor | None] | None:
+    """``torch._native_multi_head_attention`` where ``nn.MultiheadAttention.forward``
+    (torch 2.13, nn/modules/activation.py) takes it, with the same merged float mask;
+    None elsewhere (the caller runs ``forward``). torch's conditions: self-attention
+    (``query is key_ is value``) batched and batch-first, eval, an even number of
+    heads, packed ``in_proj_weight`` with both biases, no ``bias_k``/``bias_v`` nor
+    zero attention, bool masks (or none), no autocast, the fast path enabled
+    (``torch.backends.mha``), no ``__torch_function__`` argument or mode (make_fx),
+    cpu/cuda, no argument requiring grad under grad mode. Ours besides: no
+    ``torch.func`` transform (the op has no batching rule nor derivative) and not
+    compiling (fd.jit, torch.compile trace the general path); every weight of the
+    query's dtype and shape (else the general path raises its clear error).
+
+    Example:
+        >>> x = torch.randn(2, 5, 8)
+        >>> w = Weights(torch.randn(24, 8), torch.zeros(24), None, None, None, None, None,
+        ...             torch.randn(8, 8), torch.zeros(8))
+        >>> with torch.no_grad():
+        ...     out, _ = native_fast_path(x, x, x, 2, w, Masks(None, None), False, True,
+        ...                               batch_first=True, add_zero_attn=False, training=False)
+        >>> out.shape
+        torch.Size([2, 5, 8])
+    """
+    wi, bi, wo, bo = w.in_proj_weight, w.in_proj_bias, w.out_proj_weight, w.out_proj_bias
+    attn, pad = masks
+    if (
+        training or not batch_first or num_heads % 2 or add_zero_attn or _native_mha is None
+        or wi is None or bi is None or bo is None or w.bias_k is not None or w.bias_v is not None
+        or query.dim() != 3 or query is not key_ or key_ is not value
+        or (attn is not None and attn.dtype != torch.bool)
+        or (pad is not None and pad.dtype != torch.bool)
+        or not torch.backends.mha.get_fastpath_enabled() or torch.is_autocast_enabled()
+        or _active() or torch.compiler.is_compiling()
+    ):  # fmt: skip
+        return None
+    tensors = (query, wi, bi, wo, bo)
+    if torch.overrides.has_torch_function(tensors) or (
+        torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    ):
+        return None
+    n, L, E = query.shape
+    shapes = ((3 * E, E), (3 * E,), (E, E), (E,))
+    if any(t.dtype != query.dtype or t.shape != s for t, s in zip(tensors[1:], shapes)) or any(
+        t.device.type not in _DEVICES for t in tensors
+    ):
+        return None
+    if pad is not None and pad.shape != (n, L):
+        return None
+    if attn is not None and attn.shape != (L, L) and attn.shape != (n * num_heads, L, L):
+        return None
+    mask, mask_type = _native_mask(attn, pad, n, num_heads, L, query.dtype)
+    return _native_mha(
+        query, key_, value, E, num_heads, wi, bi, wo, bo, mask, need_weights,
+        average_attn_weights, mask_type,
+    )  # fmt: skip
+
+
+def _native_mask(
+    attn: Tensor | None, pad: Tensor | None, n: int, h: int, L: int, dtype: torch.dtype
+) -> tuple[Tensor | None, int | None]:
+    """torch's ``_canonical_mask`` (bool -> 0 / -inf) and ``merge_masks``: the padding
+    mask ``(N, S)`` alone is type 1; with an attention mask, both expanded to
+    ``(N, H, L, S)`` and added, type 2."""
+    if attn is None:
+        return (None, None) if pad is None else (_additive(pad, dtype), 1)
+    merged = _additive(attn, dtype).view(-1, h if attn.dim() == 3 else 1, L, L).expand(n, h, L, L)
+    if pad is not None:
+        merged = merged + _additive(pad, dtype).view(n, 1, 1, L)
+    return merged, 2
 
 
 # ------------------------------------------------------------------ projection
