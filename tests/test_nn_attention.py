@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import functd as fd
 import functd.nn as fnn
@@ -411,6 +413,108 @@ def test_ensemble_vmap_matches_members_without_warnings():
         outs = fd.vmap(lambda p, nw=nw: layer(p, x, x, x, need_weights=nw)[0])(ens)
         for i, net in enumerate(nets):
             torch.testing.assert_close(outs[i], net(x, x, x, need_weights=nw)[0])
+
+
+# ------------------------------------------------- torch's fused inference path
+class _Ops(TorchDispatchMode):
+    """Counts the calls of torch's fused MHA kernel below it (torch's fast-path gate
+    ignores dispatch modes other than make_fx's, as functd's does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.native = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.native += func.overloadpacket is torch.ops.aten._native_multi_head_attention
+        return func(*args, **(kwargs or {}))
+
+
+def _counted(fn):
+    with _Ops() as ops:
+        out = fn()
+    return out, ops.native
+
+
+N_, L_, E_ = 3, 5, 8
+PAD = torch.tensor([[False] * 5, [False, False, False, True, True], [True] * 5])  # row 2: all
+ATTN = torch.ones(L_, L_, dtype=torch.bool).triu(1)
+FAST = {  # name -> (module kwargs, call kwargs, cross-attention, torch takes its fast path)
+    "self": ({}, {}, False, True),
+    "pad_bool": ({}, {"key_padding_mask": PAD}, False, True),
+    "attn_bool_2d_and_pad": ({}, {"attn_mask": ATTN, "key_padding_mask": PAD}, False, True),
+    "attn_bool_3d": ({}, {"attn_mask": torch.rand(N_ * 2, L_, L_) < 0.3}, False, True),
+    "causal_hint": ({}, {"attn_mask": ATTN, "is_causal": True}, False, True),
+    "pad_float": ({}, {"key_padding_mask": torch.zeros(N_, L_)}, False, False),
+    "cross": ({}, {}, True, False),
+    "odd_heads": ({"num_heads": 1}, {}, False, False),
+    "seq_first": ({"batch_first": False}, {}, False, False),
+    "no_bias": ({"bias": False}, {}, False, False),
+    "bias_kv": ({"add_bias_kv": True}, {}, False, False),
+    "zero_attn": ({"add_zero_attn": True}, {}, False, False),
+}
+NEED = [(True, True), (True, False), (False, True)]  # need_weights, average_attn_weights
+
+
+@pytest.mark.parametrize("case", list(FAST))
+@pytest.mark.parametrize(("need", "avg"), NEED)
+def test_eval_no_grad_takes_torchs_fast_path_exactly_where_torch_does(case, need, avg):
+    """Eval under no_grad: functd calls _native_multi_head_attention when and only
+    when nn.MultiheadAttention does, with its results (<= 1e-6, NaN on a fully padded
+    row as torch), and its general path agrees (<= 1e-5)."""
+    cfg, kw, cross, taken = FAST[case]
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(E_, **{"num_heads": 2, "batch_first": True, **cfg}).eval()
+    layer, params = fnn.lower(m), fnn.state_to_td(m)
+    x = torch.randn(N_, L_, E_) if m.batch_first else torch.randn(L_, N_, E_)
+    args = (x, torch.randn_like(x), x) if cross else (x, x, x)
+    kw = {**kw, "need_weights": need, "average_attn_weights": avg}
+    with torch.no_grad():
+        expected, t_calls = _counted(lambda: m(*args, **kw))
+        got, f_calls = _counted(lambda: layer(params, *args, **kw))
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            general, g_calls = _counted(lambda: layer(params, *args, **kw))
+        finally:
+            torch.backends.mha.set_fastpath_enabled(True)
+    assert (t_calls, f_calls, g_calls) == (int(taken), int(taken), 0)
+    tol = {"rtol": 1e-6, "atol": 1e-6} if taken else {"rtol": 1e-5, "atol": 1e-5}
+    for a, e, g in zip(got, expected, general):
+        assert (a is None) == (e is None) == (g is None)
+        if e is not None:
+            torch.testing.assert_close(a, e, equal_nan=True, **tol)
+            ok = ~e.isnan()  # torch's fused kernel is NaN on a fully padded row
+            torch.testing.assert_close(a[ok], g[ok], rtol=1e-5, atol=1e-5)
+
+
+def test_fast_path_not_taken_in_training_with_grad_under_transforms_or_tracing():
+    """Training mode, params requiring grad, fd.vmap, fd.grad and a make_fx trace
+    (fd.jit's) run the general path; each equals torch."""
+    torch.manual_seed(0)
+    m = nn.MultiheadAttention(E_, 2, batch_first=True)
+    layer, params = fnn.lower(m), fnn.state_to_td(m)
+    x, xs = torch.randn(N_, L_, E_), torch.randn(4, N_, L_, E_)
+    with torch.no_grad():  # training mode (dropout 0): neither takes the fast path
+        (out, w), calls = _counted(lambda: layer(params, x, x, x))
+        assert calls == 0 and _counted(lambda: m(x, x, x))[1] == 0
+        torch.testing.assert_close((out, w), m(x, x, x), rtol=1e-5, atol=1e-6)
+    m.eval()
+    layer = fnn.lower(m)
+    grad_params = params.apply(lambda t: t.clone().requires_grad_())
+    (out, _), calls = _counted(lambda: layer(grad_params, x, x, x))
+    assert calls == 0 and _counted(lambda: m(x, x, x))[1] == 0
+    torch.testing.assert_close(out, m(x, x, x)[0], rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        outs, calls = _counted(lambda: fd.vmap(lambda x: layer(params, x, x, x)[0])(xs))
+        assert calls == 0
+        torch.testing.assert_close(outs, torch.stack([m(x, x, x)[0] for x in xs]))
+    g, calls = _counted(lambda: fd.grad(lambda p: layer(p, x, x, x)[0].sum())(params))
+    expected = torch.autograd.grad(m(x, x, x)[0].sum(), m.in_proj_weight)[0]
+    assert calls == 0
+    torch.testing.assert_close(g["in_proj_weight"], expected, rtol=1e-5, atol=1e-6)
+    with torch.no_grad():
+        gm = make_fx(lambda x: layer(params, x, x, x)[0])(x)
+        assert "_native_multi_head_attention" not in gm.code
+        torch.testing.assert_close(gm(x), m(x, x, x)[0], rtol=1e-5, atol=1e-6)
 
 
 # ------------------------------------------------------------------ SDPA
