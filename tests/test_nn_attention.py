@@ -517,6 +517,24 @@ def test_fast_path_not_taken_in_training_with_grad_under_transforms_or_tracing()
         torch.testing.assert_close(gm(x), m(x, x, x)[0], rtol=1e-5, atol=1e-6)
 
 
+def test_fast_path_eligible_calls_keep_the_general_paths_errors():
+    """Where torch's fused kernel would run, bad masks and a maskless is_causal (which
+    the kernel ignores) still get the general path's errors, not a silent answer."""
+    m = nn.MultiheadAttention(E_, 2, batch_first=True).eval()
+    layer, params, x = fnn.lower(m), fnn.state_to_td(m), torch.randn(N_, L_, E_)
+    bad = [
+        ({"is_causal": True}, ValueError, "MultiheadAttention: is_causal=True needs attn_mask"),
+        ({"key_padding_mask": PAD[:, :4]}, ValueError, r"key_padding_mask must be \(N, S\)"),
+        ({"attn_mask": ATTN[:, :4]}, ValueError, r"2D attn_mask must be \(L, S\) = \(5, 5\)"),
+        ({"attn_mask": ATTN[None, None]}, ValueError, "attn_mask must be 2D or 3D"),
+        ({"key_padding_mask": PAD.long()}, TypeError, r"key_padding_mask must be a bool or"),
+    ]
+    with torch.no_grad():
+        for kw, err, match in bad:
+            with pytest.raises(err, match=match):
+                layer(params, x, x, x, **kw)
+
+
 # ------------------------------------------------------------------ SDPA
 @st.composite
 def _sdpa_cases(draw):

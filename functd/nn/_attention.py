@@ -155,7 +155,7 @@ class MultiheadAttention(Layer):
         masks = Masks(attn_mask, key_padding_mask)
         fast = native_fast_path(
             query, key_, value, self.num_heads, weights, masks, need_weights,
-            average_attn_weights, batch_first=self.batch_first,
+            average_attn_weights, is_causal, batch_first=self.batch_first,
             add_zero_attn=self.add_zero_attn, training=self.training,
         )  # fmt: skip
         if fast is not None:  # torch's fused inference kernel, where torch takes it

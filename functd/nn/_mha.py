@@ -137,6 +137,7 @@ def native_fast_path(
     masks: Masks,
     need_weights: bool,
     average_attn_weights: bool,
+    is_causal: bool,
     *,
     batch_first: bool,
     add_zero_attn: bool,
@@ -151,15 +152,17 @@ def native_fast_path(
     (``torch.backends.mha``), no ``__torch_function__`` argument or mode (make_fx),
     cpu/cuda, no argument requiring grad under grad mode. Ours besides: no
     ``torch.func`` transform (the op has no batching rule nor derivative) and not
-    compiling (fd.jit, torch.compile trace the general path); every weight of the
-    query's dtype and shape (else the general path raises its clear error).
+    compiling (fd.jit, torch.compile trace the general path); every weight and mask of
+    the shape and dtype torch expects, and ``is_causal`` with its ``attn_mask`` (torch's
+    fused kernel ignores the hint: it applies ``attn_mask``); elsewhere the general
+    path runs and raises its clear error.
 
     Example:
         >>> x = torch.randn(2, 5, 8)
         >>> w = Weights(torch.randn(24, 8), torch.zeros(24), None, None, None, None, None,
         ...             torch.randn(8, 8), torch.zeros(8))
         >>> with torch.no_grad():
-        ...     out, _ = native_fast_path(x, x, x, 2, w, Masks(None, None), False, True,
+        ...     out, _ = native_fast_path(x, x, x, 2, w, Masks(None, None), False, True, False,
         ...                               batch_first=True, add_zero_attn=False, training=False)
         >>> out.shape
         torch.Size([2, 5, 8])
@@ -170,7 +173,7 @@ def native_fast_path(
         training or not batch_first or num_heads % 2 or add_zero_attn or _native_mha is None
         or wi is None or bi is None or bo is None or w.bias_k is not None or w.bias_v is not None
         or query.dim() != 3 or query is not key_ or key_ is not value
-        or (attn is not None and attn.dtype != torch.bool)
+        or (is_causal and attn is None) or (attn is not None and attn.dtype != torch.bool)
         or (pad is not None and pad.dtype != torch.bool)
         or not torch.backends.mha.get_fastpath_enabled() or torch.is_autocast_enabled()
         or _active() or torch.compiler.is_compiling()
