@@ -55,6 +55,13 @@ class MultiheadAttention(Layer):
     rounding; with ``need_weights=False`` the attention is
     ``F.scaled_dot_product_attention`` (its written-out math under ``vmap``/``jvp``).
     A batch-first output is contiguous (torch's is a transposed view).
+    Where ``nn.MultiheadAttention`` takes its fused inference kernel
+    (``torch._native_multi_head_attention``: eval, self-attention ``query is key_ is
+    value``, batch first, an even number of heads, both biases, bool masks, nothing
+    requiring grad under grad mode), the layer calls the same kernel with the
+    weights from ``params`` and equals torch's result, NaN on fully masked rows
+    included; never under ``torch.func`` transforms (``fd.vmap``, ``fd.grad``) or
+    while tracing (``fd.jit``, ``torch.compile``).
 
     Example:
         >>> mha = MultiheadAttention(8, 2, batch_first=True)
