@@ -54,7 +54,7 @@ class NamedChain(GradientTransformation):
 
 def _checked_pair(i: int, pair: Any) -> tuple[str, GradientTransformation]:
     where = "fd.optim.named_chain"
-    if not (isinstance(pair, tuple) and len(pair) == 2):
+    if isinstance(pair, GradientTransformation) or not (isinstance(pair, tuple) and len(pair) == 2):
         raise TypeError(
             f"{where}: argument {i} is a {type(pair).__name__}, not a (name, transformation) "
             "pair; write named_chain(('clip', fd.optim.clip(1.0)), ('adam', fd.optim.adam(1e-3)))."

@@ -218,7 +218,7 @@ def _multi_init(params: TensorDict, *, name: str, transforms: tuple, labels: Any
     L.check_params(where, params)
     _check_cover(where, labels, params, "labels")
     parts = _by_label(where, params, transforms, labels)
-    return L.state_td({lab: _init_hiding(tx, parts[lab], params) for lab, tx in transforms})
+    return L.state_td({str(lab): _init_hiding(tx, parts[lab], params) for lab, tx in transforms})
 
 
 def _by_label(where: str, td: TensorDict, transforms: tuple, labels: Any) -> dict:
@@ -247,14 +247,14 @@ def _by_label(where: str, td: TensorDict, transforms: tuple, labels: Any) -> dic
 
 def _multi_update(updates, state, params=None, *, name: str, transforms: tuple, labels: Any):
     where = f"fd.optim.{name}.update"
-    L.check_state(where, state, tuple(lab for lab, _ in transforms))
+    L.check_state(where, state, tuple(str(lab) for lab, _ in transforms))
     L.checked_leaves(where, "grads", updates)
     parts = _by_label(where, updates, transforms, labels)
     pparts = None if params is None else _by_label(where, params, transforms, labels)
     new, states = [], {}
     for lab, tx in transforms:
         p = None if pparts is None else pparts[lab]
-        u, states[lab] = tx.update(parts[lab], state._data[lab], p)
+        u, states[str(lab)] = tx.update(parts[lab], state._data[str(lab)], p)
         new.append(u)
     return _like(updates, combine(*new)), L.state_td(states)
 
@@ -271,10 +271,12 @@ def multi_transform(
             params (a label at a node covers its subtree).
 
     Returns:
-        A GradientTransformation whose state has one entry per label.
+        A GradientTransformation whose state has one entry per label, named
+        ``str(label)`` (a TensorDict's keys are str: optax's integer labels work).
 
     Raises:
         TypeError: a value of ``transforms`` is not a GradientTransformation.
+        ValueError: two labels have the same ``str`` (``0`` and ``"0"``).
         ValueError: a leaf's label has no transformation; a nested-dict label tree
             lacks an entry of the params or names one they lack.
 
@@ -285,6 +287,12 @@ def multi_transform(
         ... )
     """
     items = tuple(transforms.items())
+    names = [str(lab) for lab, _ in items]
+    if len(set(names)) != len(names):
+        raise ValueError(
+            f"fd.optim.multi_transform: the labels {[lab for lab, _ in items]!r} name the "
+            "state's entries by str(label), and two of them are the same str; use distinct labels."
+        )
     for lab, tx in items:
         if not isinstance(tx, GradientTransformation):
             raise TypeError(
