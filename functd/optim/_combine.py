@@ -46,7 +46,7 @@ class NamedChain(GradientTransformation):
     @property
     def txs(self) -> tuple[tuple[str, GradientTransformation], ...]:
         """The ``(name, transformation)`` pairs, in order."""
-        return self.update.kwargs["txs"]  # type: ignore[attr-defined, no-any-return]
+        return self.update.kwargs["txs"]  # type: ignore[attr-defined]
 
     def __repr__(self) -> str:
         return "named_chain(" + ", ".join(f"({k!r}, {tx!r})" for k, tx in self.txs) + ")"
