@@ -4,6 +4,9 @@ write them: the params a TensorDict (optax's lists and tuples become entries
 "0", "1"...), a mask a nested dict or a function ``(path, leaf) -> bool``; the
 expected values are optax's.
 
+optax's freeze and selective_transform tests (_freezing_test.py) are written as the
+compositions those two are (masked + set_to_zero, multi_transform + set_to_zero).
+
 Not translated (see the report of issue 38): ``test_tree_map_params`` (no
 ``map_params`` here yet, and no ``MaskedNode`` placeholders: the inner state
 holds the selected leaves only), ``test_mask_compatible_callable_pytree``
@@ -256,3 +259,84 @@ def test_nested_mask_still_names_a_typo_and_a_missing_entry():
     short = {"linear_1": True, "linear_2": False}
     with pytest.raises(ValueError, match=r"no entry for the params entry \('linear_3', 'w'\)"):
         optim.masked(optim.masked(_build_sgd(), short), lambda p, x: x.ndim > 1).init(params)
+
+
+# ------------------------------------------------------------------ _freezing_test.py
+# optax.freeze(mask) is masked(set_to_zero(), mask) and optax.selective_transform(inner,
+# freeze_mask) is partition({"train": inner, "freeze": set_to_zero()}, labels): functd
+# has no separate names for them, so they are written as those compositions.
+PARAMS_FLAT = {"w": [1.0, 2.0], "b": [3.0]}
+GRAD_FLAT = {"w": [0.1, 0.2], "b": [0.3]}
+PARAMS_NESTED = {"layer1": {"w": [[1.0, 2.0]], "b": [3.0]}, "layer2": {"w": [[4.0, 5.0]]}}
+GRAD_NESTED = {"layer1": {"w": [[0.1, 0.2]], "b": [0.3]}, "layer2": {"w": [[0.4, 0.5]]}}
+
+
+def _arrays(d):
+    def conv(v):
+        return {k: conv(x) for k, x in v.items()} if isinstance(v, dict) else torch.tensor(v)
+
+    return fd.TensorDict(conv(d), [])
+
+
+FREEZE_CASES = {
+    "flat_partial": (
+        PARAMS_FLAT, GRAD_FLAT, {"w": True, "b": False}, {"w": [0.0, 0.0], "b": [0.3]},
+    ),
+    "nested_partial": (
+        PARAMS_NESTED, GRAD_NESTED, {"layer1": {"w": True, "b": False}, "layer2": {"w": False}},
+        {"layer1": {"w": [[0.0, 0.0]], "b": [0.3]}, "layer2": {"w": [[0.4, 0.5]]}},
+    ),
+    "freeze_all": (
+        PARAMS_NESTED, GRAD_NESTED, True,
+        {"layer1": {"w": [[0.0, 0.0]], "b": [0.0]}, "layer2": {"w": [[0.0, 0.0]]}},
+    ),
+    "freeze_none": (PARAMS_NESTED, GRAD_NESTED, False, GRAD_NESTED),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(FREEZE_CASES))
+def test_freeze_updates(case):
+    params, grads, freeze_mask, expected = FREEZE_CASES[case]
+    params, grads, expected = _arrays(params), _arrays(grads), _arrays(expected)
+    optimizer = optim.masked(optim.set_to_zero(), freeze_mask)
+    state = optimizer.init(params)
+    updates, new_state = optimizer.update(grads, state, params)
+    assert_close(updates, expected, rtol=0, atol=0)
+    assert_close(new_state, state, rtol=0, atol=0)
+    assert not list(state["inner_state"].keys())  # set_to_zero's empty state
+
+
+def test_bad_structure_raises():
+    opt = optim.masked(optim.set_to_zero(), {"layer1": {"w": True}})  # missing 'b'
+    # optax raises at update; functd checks a dict mask's cover at init already
+    with pytest.raises(ValueError, match=r"no entry for the params entry \('layer1', 'b'\)"):
+        opt.update(_arrays(GRAD_NESTED), opt.init(_arrays(PARAMS_NESTED)), _arrays(PARAMS_NESTED))
+
+
+SELECTIVE_CASES = {
+    "flat_selective": (
+        PARAMS_FLAT, GRAD_FLAT, {"w": True, "b": False}, {"w": [1.0, 2.0], "b": [2.7]},
+    ),
+    "nested_selective": (
+        PARAMS_NESTED, GRAD_NESTED, {"layer1": {"w": True, "b": False}, "layer2": {"w": False}},
+        {"layer1": {"w": [[1.0, 2.0]], "b": [2.7]}, "layer2": {"w": [[3.6, 4.5]]}},
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(SELECTIVE_CASES))
+def test_selective_transform_effect(case):
+    params, grads, mask, expected = SELECTIVE_CASES[case]
+    params, grads, expected = _arrays(params), _arrays(grads), _arrays(expected)
+
+    def label(path, leaf):
+        node = mask
+        for part in path:
+            node = node[part] if isinstance(node, dict) else node
+        return "freeze" if node else "train"
+
+    optimizer = optim.multi_transform(
+        {"train": optim.sgd(1.0), "freeze": optim.set_to_zero()}, label
+    )
+    updates, _ = optimizer.update(grads, optimizer.init(params), params)
+    assert_close(optim.apply_updates(params, updates), expected, rtol=0, atol=1e-6)
