@@ -169,3 +169,43 @@ def test_empty_params_tree_is_a_no_op(name):
         updates, state = opt.update(empty, state, empty)
         assert isinstance(updates, fd.TensorDict) and not list(updates.keys())
     assert optim.apply_updates(empty, updates).keys() == empty.keys()
+
+
+@pytest.mark.parametrize("dtypes", sorted(MIXED, key=str), ids=lambda d: f"{d[0]}-{d[1]}")
+def test_every_public_transformation_steps_mixed_precision_as_in_float64(dtypes):
+    # none may crash; each equals its own float64 run (the same formula) within the
+    # tolerance of the dtypes at play
+    gdt, pdt = dtypes
+    txs = _factories()
+    txs["masked"] = optim.masked(optim.sgd(1.0, momentum=0.9), lambda path, x: x.ndim > 1)
+    txs["multi_transform"] = optim.multi_transform(
+        {0: optim.adam(0.1), 1: optim.lion(0.1)}, lambda path, x: int(x.ndim > 1)
+    )
+    params = _params(pdt)
+    p64 = params.apply(lambda x: x.to(F64))
+    for name, opt in sorted(txs.items()):
+        s, s64 = opt.init(params), opt.init(p64)
+        for i in range(3):
+            g = _grads(i, gdt)
+            u, s = opt.update(g, s, params)
+            u64, s64 = opt.update(g.apply(lambda x: x.to(F64)), s64, p64)
+        for a, b in zip(fd.tree.leaves(u), fd.tree.leaves(u64)):
+            rtol = max(MIXED[dtypes], 2 * torch.finfo(a.dtype).eps)
+            scale = b.abs().max().item()  # relative to the leaf's scale (signs may cross 0)
+            torch.testing.assert_close(a.to(F64), b, rtol=0, atol=rtol * scale, msg=name)
+
+
+def test_mixed_precision_under_vmap_equals_a_loop():
+    opt = optim.adamw(0.1)
+    g = torch.Generator().manual_seed(2)
+    ens = fd.stack(
+        [_params(F32).apply(lambda x: x + torch.randn(x.shape, generator=g)) for _ in range(2)]
+    )
+    grads = fd.stack([_grads(0, F16), _grads(1, F16)])
+    uv, sv = fd.vmap(opt.update)(grads, fd.vmap(opt.init)(ens), ens)
+    assert uv["w"].dtype == F32 and sv["exp_avg", "w"].dtype == F32
+    for i in range(2):
+        ul, sl = opt.update(grads[i], opt.init(ens[i]), ens[i])
+        # vmap steps with a tensor count (the eager path with a Python float): float32 rounding
+        assert_close(uv[i], ul, rtol=1e-5, atol=1e-6)
+        assert_close(sv[i], sl, rtol=1e-5, atol=1e-6)
