@@ -216,7 +216,8 @@ def _step_dtypes(g: list[Tensor], bufs: dict, p: list[Tensor] | None) -> list | 
     and float32 params step in float32, as optax's type promotion does); None
     when every leaf agrees already (the common case: nothing is cast)."""
     lists = [*bufs.values(), *([p] if p is not None else [])]
-    if all(x.dtype == y.dtype for ys in lists for x, y in zip(g, ys)):
+    dtypes = [x.dtype for x in g]
+    if all([y.dtype for y in ys] == dtypes for ys in lists):  # one pass a list
         return None
     out = []
     for i, x in enumerate(g):
