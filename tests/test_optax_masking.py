@@ -340,3 +340,14 @@ def test_selective_transform_effect(case):
     )
     updates, _ = optimizer.update(grads, optimizer.init(params), params)
     assert_close(optim.apply_updates(params, updates), expected, rtol=0, atol=1e-6)
+
+
+@pytest.mark.compile
+def test_nested_mask_init_compiles_fullgraph():
+    torch._dynamo.reset()
+    full = {f"linear_{i}": {"w": i != 2, "b": i != 2} for i in (1, 2, 3)}  # names the biases
+    inner = optim.masked(_build_stateful_sgd(), full)
+    opt = optim.masked(inner, lambda path, x: x.ndim > 1)
+    params = _linear_params()
+    compiled = torch.compile(opt.init, fullgraph=True, backend="eager")(params)
+    assert_close(compiled, opt.init(params), rtol=0, atol=0)

@@ -68,13 +68,18 @@ def _as_fn(where: str, spec: Any, what: str) -> Callable[[Path, Any], Any]:
 #: them in the tree as ``MaskedNode`` placeholders, so an inner mask may name them
 #: (optax#271); functd passes the sub-TensorDict of the selected leaves and lets
 #: the inner check count these paths as the params'. Set only around ``init``
-#: (the one place that checks a mask's keys), reset on the way out.
+#: (the one place that checks a mask's keys), reset on the way out. dynamo cannot
+#: trace a ContextVar: under ``torch.compile`` neither is done, and the check of
+#: extra mask keys is skipped (an extra key changes no leaf's value; a missing
+#: one is still an error, raised by the lookup).
 _HIDDEN: ContextVar[frozenset[Path]] = ContextVar("functd_optim_hidden", default=frozenset())
 
 
 def _init_hiding(inner: GradientTransformation, kept: TensorDict, params: TensorDict) -> TensorDict:
     """``inner.init(kept)``, the paths of ``params`` that ``kept`` lacks counted as
     the params' by the masks inside ``inner``."""
+    if torch.compiler.is_compiling():
+        return inner.init(kept)
     hidden = frozenset(tree.paths(params)) - frozenset(tree.paths(kept))  # type: ignore[arg-type]
     token = _HIDDEN.set(_HIDDEN.get() | hidden)
     try:
@@ -86,7 +91,7 @@ def _init_hiding(inner: GradientTransformation, kept: TensorDict, params: Tensor
 def _check_cover(where: str, spec: Any, params: TensorDict, what: str) -> None:
     """Every entry of a nested-dict ``spec`` must name params entries (no extra keys);
     the entries an enclosing mask keeps away count as the params' (``_HIDDEN``)."""
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, Mapping) or torch.compiler.is_compiling():
         return
     paths = [*tree.paths(params), *_HIDDEN.get()]  # type: ignore[arg-type]
     prefixes = {p[:i] for p in paths for i in range(1, len(p) + 1)}
