@@ -30,6 +30,7 @@ from ._base import Partial as Partial
 from ._base import apply_updates as apply_updates
 from ._base import chain as chain
 from ._base import identity as identity
+from ._combine import named_chain as named_chain
 from ._inject import inject_hyperparams as inject_hyperparams
 from ._masking import masked as masked
 from ._masking import multi_transform as multi_transform
@@ -76,6 +77,7 @@ __all__ = [
     "lion",
     "masked",
     "multi_transform",
+    "named_chain",
     "periodic_update",
     "rmsprop",
     "scale",

@@ -175,6 +175,13 @@ def _update(updates, state, params=None, *, name, kernel, lr, weight_decay, deco
             raise ValueError(E.needs_params(where, f"weight_decay={weight_decay!r}"))
         p, pspec = L.checked_leaves(where, "params", params)
         L.check_same(where, "grads", g, spec, "params", p, pspec, updates, params)
+    stored = bufs
+    dtypes = _step_dtypes(g, stored, p if decay else None)
+    if dtypes is not None:  # mixed precision: compute in the promoted dtype of each leaf
+        g = _cast(g, dtypes)
+        bufs = {b: _cast(bufs[b], dtypes) for b in names}
+        if decay:
+            p = _cast(p, dtypes)
     fe = L.foreach(g)
     count = state._data["count"]
     new_count = count + 1
@@ -197,8 +204,32 @@ def _update(updates, state, params=None, *, name, kernel, lr, weight_decay, deco
         d = L.scale_fresh(d, neg_lr, fe, True)
     else:
         d = L.scale_fresh(d, _times(factor, neg_lr), fe, fresh)
+    if dtypes is not None:  # the statistics keep their dtype (that of the params)
+        new = {b: _cast(new[b], [x.dtype for x in stored[b]]) for b in names}
     entries = {"count": new_count, **{b: unflatten_like(spec, new[b]) for b in names}}
     return unflatten_like(spec, d), L.state_td(entries)
+
+
+def _step_dtypes(g: list[Tensor], bufs: dict, p: list[Tensor] | None) -> list | None:
+    """Per leaf, the dtype a step computes in when the grads, the statistics and the
+    params read (``p``) do not all agree: their promoted dtype (so float16 grads
+    and float32 params step in float32, as optax's type promotion does); None
+    when every leaf agrees already (the common case: nothing is cast)."""
+    lists = [*bufs.values(), *([p] if p is not None else [])]
+    dtypes = [x.dtype for x in g]
+    if all([y.dtype for y in ys] == dtypes for ys in lists):  # one pass a list
+        return None
+    out = []
+    for i, x in enumerate(g):
+        dt = x.dtype
+        for ys in lists:
+            dt = torch.promote_types(dt, ys[i].dtype)
+        out.append(dt)
+    return out
+
+
+def _cast(xs: list[Tensor], dtypes: list) -> list[Tensor]:
+    return [x if x.dtype == d else x.to(d) for x, d in zip(xs, dtypes)]
 
 
 def _times(a, b):

@@ -96,8 +96,11 @@ def state_td(entries: dict[str, Any]) -> TensorDict:
 
 
 # ------------------------------------------------------------------ list ops
-#: Whether the ``torch._foreach_*`` ops may run on ``xs``: plain eager tensors.
-foreach = plain
+def foreach(xs: list[Tensor]) -> bool:
+    """Whether the ``torch._foreach_*`` ops may run on ``xs``: plain eager tensors,
+    and at least one (the foreach ops refuse an empty list; the per-leaf path of
+    an empty list is the empty list, so an empty params tree steps as a no-op)."""
+    return bool(xs) and plain(xs)
 
 
 def _map(op: str, fe: bool, *args: Any) -> list[Tensor]:

@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -62,11 +63,37 @@ def _as_fn(where: str, spec: Any, what: str) -> Callable[[Path, Any], Any]:
     return lambda path, leaf: spec  # one value for every leaf (a bool, a label)
 
 
+#: The params paths that an enclosing ``masked`` / ``multi_transform`` keeps from the
+#: transformation it wraps, while that transformation's ``init`` runs. optax keeps
+#: them in the tree as ``MaskedNode`` placeholders, so an inner mask may name them
+#: (optax#271); functd passes the sub-TensorDict of the selected leaves and lets
+#: the inner check count these paths as the params'. Set only around ``init``
+#: (the one place that checks a mask's keys), reset on the way out. dynamo cannot
+#: trace a ContextVar: under ``torch.compile`` neither is done, and the check of
+#: extra mask keys is skipped (an extra key changes no leaf's value; a missing
+#: one is still an error, raised by the lookup).
+_HIDDEN: ContextVar[frozenset[Path]] = ContextVar("functd_optim_hidden", default=frozenset())
+
+
+def _init_hiding(inner: GradientTransformation, kept: TensorDict, params: TensorDict) -> TensorDict:
+    """``inner.init(kept)``, the paths of ``params`` that ``kept`` lacks counted as
+    the params' by the masks inside ``inner``."""
+    if torch.compiler.is_compiling():
+        return inner.init(kept)
+    hidden = frozenset(tree.paths(params)) - frozenset(tree.paths(kept))  # type: ignore[arg-type]
+    token = _HIDDEN.set(_HIDDEN.get() | hidden)
+    try:
+        return inner.init(kept)
+    finally:
+        _HIDDEN.reset(token)
+
+
 def _check_cover(where: str, spec: Any, params: TensorDict, what: str) -> None:
-    """Every entry of a nested-dict ``spec`` must name params entries (no extra keys)."""
-    if not isinstance(spec, Mapping):
+    """Every entry of a nested-dict ``spec`` must name params entries (no extra keys);
+    the entries an enclosing mask keeps away count as the params' (``_HIDDEN``)."""
+    if not isinstance(spec, Mapping) or torch.compiler.is_compiling():
         return
-    paths = tree.paths(params)  # type: ignore[arg-type]
+    paths = [*tree.paths(params), *_HIDDEN.get()]  # type: ignore[arg-type]
     prefixes = {p[:i] for p in paths for i in range(1, len(p) + 1)}
 
     def walk(node: Mapping, prefix: Path) -> None:
@@ -88,7 +115,7 @@ def _masked_init(params: TensorDict, *, name: str, inner: GradientTransformation
     L.check_params(where, params)
     _check_cover(where, mask, params, "mask")
     kept, _ = partition(params, _keep(where, mask))
-    return L.state_td({"inner_state": inner.init(kept)})
+    return L.state_td({"inner_state": _init_hiding(inner, kept, params)})
 
 
 def _keep(where: str, mask: Any) -> Callable[[Path, Any], bool]:
@@ -196,7 +223,7 @@ def _multi_init(params: TensorDict, *, name: str, transforms: tuple, labels: Any
     L.check_params(where, params)
     _check_cover(where, labels, params, "labels")
     parts = _by_label(where, params, transforms, labels)
-    return L.state_td({lab: tx.init(parts[lab]) for lab, tx in transforms})
+    return L.state_td({str(lab): _init_hiding(tx, parts[lab], params) for lab, tx in transforms})
 
 
 def _by_label(where: str, td: TensorDict, transforms: tuple, labels: Any) -> dict:
@@ -225,14 +252,14 @@ def _by_label(where: str, td: TensorDict, transforms: tuple, labels: Any) -> dic
 
 def _multi_update(updates, state, params=None, *, name: str, transforms: tuple, labels: Any):
     where = f"fd.optim.{name}.update"
-    L.check_state(where, state, tuple(lab for lab, _ in transforms))
+    L.check_state(where, state, tuple(str(lab) for lab, _ in transforms))
     L.checked_leaves(where, "grads", updates)
     parts = _by_label(where, updates, transforms, labels)
     pparts = None if params is None else _by_label(where, params, transforms, labels)
     new, states = [], {}
     for lab, tx in transforms:
         p = None if pparts is None else pparts[lab]
-        u, states[lab] = tx.update(parts[lab], state._data[lab], p)
+        u, states[str(lab)] = tx.update(parts[lab], state._data[str(lab)], p)
         new.append(u)
     return _like(updates, combine(*new)), L.state_td(states)
 
@@ -249,10 +276,12 @@ def multi_transform(
             params (a label at a node covers its subtree).
 
     Returns:
-        A GradientTransformation whose state has one entry per label.
+        A GradientTransformation whose state has one entry per label, named
+        ``str(label)`` (a TensorDict's keys are str: optax's integer labels work).
 
     Raises:
         TypeError: a value of ``transforms`` is not a GradientTransformation.
+        ValueError: two labels have the same ``str`` (``0`` and ``"0"``).
         ValueError: a leaf's label has no transformation; a nested-dict label tree
             lacks an entry of the params or names one they lack.
 
@@ -263,6 +292,12 @@ def multi_transform(
         ... )
     """
     items = tuple(transforms.items())
+    names = [str(lab) for lab, _ in items]
+    if len(set(names)) != len(names):
+        raise ValueError(
+            f"fd.optim.multi_transform: the labels {[lab for lab, _ in items]!r} name the "
+            "state's entries by str(label), and two of them are the same str; use distinct labels."
+        )
     for lab, tx in items:
         if not isinstance(tx, GradientTransformation):
             raise TypeError(
