@@ -51,7 +51,7 @@ def _acc_dtype(leaf: torch.dtype, dtype: torch.dtype | None) -> torch.dtype:
     return dtype if dtype is not None else torch.promote_types(leaf, torch.float32)
 
 
-def _skip_result(where: str, out: Any, has_info: bool | None) -> tuple[Tensor | bool, Any]:
+def _skip_result(where: str, out: Any, has_info: bool | None) -> tuple[Tensor, Any]:
     """``(should_skip, info)`` of a ``should_skip_update_fn`` result: a bool (tensor of
     shape ``()``), or optax's pair ``(bool, info)``; ``info`` a TensorDict or a dict."""
     info = None
@@ -91,7 +91,7 @@ def _where(cond: Tensor, a: Any, b: Any) -> Any:
 
 def _ms_update(updates, state, params=None, *, name: str, inner, every_k, mean, skip, dtype):
     where = f"fd.optim.{name}.update"
-    d = state._data if isinstance(state, TensorDict) else {}
+    d: dict[str, Any] = state._data if isinstance(state, TensorDict) else {}
     has_info = "skip_state" in d
     L.check_state(where, state, _KEYS + ("skip_state",) * has_info)
     g, spec = L.checked_leaves(where, "grads", updates)

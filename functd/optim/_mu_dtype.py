@@ -47,8 +47,9 @@ def _init(params: TensorDict, *, name: str, inner: GradientTransformation, mu_dt
 
 def _update(updates, state, params=None, *, name: str, inner: GradientTransformation, mu_dtype):
     wide = state
-    if isinstance(state, TensorDict) and isinstance(state._data.get("exp_avg_sq"), TensorDict):
-        wide = _cast(state, state._data["exp_avg_sq"], None)
+    nu = state._data.get("exp_avg_sq") if isinstance(state, TensorDict) else None
+    if isinstance(nu, TensorDict):
+        wide = _cast(state, nu, None)
     updates, new = inner.update(updates, wide, params)
     return updates, _cast(new, None, mu_dtype)
 
