@@ -142,6 +142,9 @@ NEW = {
     "ema_nodebias_f32": lambda: optim.chain(
         optim.ema(0.8, debias=False, accumulator_dtype=torch.float32), optim.scale(-0.1)
     ),
+    "inject_ema": lambda: optim.chain(
+        optim.inject_hyperparams(optim.ema)(decay=0.9), optim.scale(-0.1)
+    ),
     "zero_nans_adam": lambda: optim.chain(optim.zero_nans(), optim.adam(1e-2)),
     "adamw_mu_dtype": lambda: optim.adamw(1e-2, mu_dtype=torch.float32),
     "multi_steps_skip": lambda: optim.MultiSteps(
