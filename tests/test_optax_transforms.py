@@ -145,6 +145,9 @@ NEW = {
     "inject_ema": lambda: optim.chain(
         optim.inject_hyperparams(optim.ema)(decay=0.9), optim.scale(-0.1)
     ),
+    "inject_adam_mu_dtype": lambda: optim.inject_hyperparams(optim.adam)(
+        lr=1e-2, mu_dtype=torch.float32
+    ),
     "zero_nans_adam": lambda: optim.chain(optim.zero_nans(), optim.adam(1e-2)),
     "adamw_mu_dtype": lambda: optim.adamw(1e-2, mu_dtype=torch.float32),
     "multi_steps_skip": lambda: optim.MultiSteps(
@@ -157,6 +160,22 @@ NEW = {
         accumulator_dtype=torch.float32,
     ),
 }
+
+
+@pytest.mark.parametrize("name", sorted(NEW))
+def test_new_transformations_modify_nothing_given(name):
+    params = fd.from_module(make_net()).clone()
+    g = params.apply(lambda x: torch.cos(x) + 0.5).set(
+        ("0", "bias"), torch.full((8,), NAN, dtype=torch.float64)
+    )
+    opt = NEW[name]()
+    state = opt.init(params)
+    given = [(x, x.clone(), x._version) for x in fd.tree.leaves((params, g, state))]
+    for _ in range(2):
+        _, state = opt.update(g, state, params)
+    for x, copy, version in given:
+        assert x._version == version
+        torch.testing.assert_close(x, copy, rtol=0, atol=0, equal_nan=True)
 
 
 @pytest.mark.parametrize("name", sorted(NEW))
