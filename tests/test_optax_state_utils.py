@@ -140,3 +140,18 @@ def test_tree_map_params_refuses_rest_of_another_layout():
         optim.tree_map_params(opt, lambda x, y: x, state, fd.TensorDict({"x": torch.zeros(2)}))
     with pytest.raises(TypeError, match=r"tree_map_params: state must be a functd TensorDict"):
         optim.tree_map_params(opt, lambda x: x, {"count": 0})
+
+
+def test_tree_map_params_leaves_a_hyperparameter_shaped_like_the_params_alone():
+    """inject_hyperparams(sgd)(lr=...) on params {"lr": scalar}: state["hyperparams"]
+    has the params' keys and shapes, yet it is no params-shaped part (init's probe)."""
+    opt = optim.inject_hyperparams(optim.sgd)(lr=0.1, momentum=0.9)
+    state = opt.init(fd.TensorDict({"lr": torch.tensor(1.0)}))
+    out = optim.tree_map_params(opt, lambda x: x + 100, state)
+    assert float(out["hyperparams", "lr"]) == pytest.approx(0.1)
+    assert float(out["inner_state", "momentum_buffer", "lr"]) == 100.0
+    plain = optim.inject_hyperparams(optim.sgd)(lr=0.1)  # no params-shaped part at all
+    out = optim.tree_map_params(
+        plain, lambda x: x + 100, plain.init(fd.TensorDict({"lr": torch.tensor(1.0)}))
+    )
+    assert float(out["hyperparams", "lr"]) == pytest.approx(0.1)

@@ -2,12 +2,15 @@
 state (optax's ``tree_map_params``), e.g. to cast the moments or shard them like
 their params.
 
-How the params-shaped parts are found: a nested TensorDict of the state is
-params-shaped when it has exactly the params' keys (nested alike) and floating
-leaves. The params' layout is taken from the first of ``rest`` when given, else
-from the state itself: the candidate sub-TensorDict for which ``initable.init``
-(run on a copy on the ``meta`` device: no memory, no compute) lays out a state
-with the same keys as ``state``.
+How the params-shaped parts are found (optax runs ``init`` on a placeholder; a
+TensorDict state needs tensors): the params' layout is the first of ``rest`` when
+given, else the sub-TensorDict of the state for which ``initable.init``, run on a
+copy on the ``meta`` device (no memory, no compute), lays out a state with the keys
+of ``state``. ``init`` then runs once more on that layout plus a probe entry: the
+parts of its state that hold the probe are the params-shaped ones (so a
+hyper-parameter that happens to look like the params is not one). Where that
+second run fails (a mask that names every key), the parts with exactly the params'
+keys and floating leaves are taken.
 
 Example:
     >>> state = fd.optim.tree_map_params(opt, lambda x: x.to(torch.bfloat16), state)
@@ -84,8 +87,24 @@ def _layout(init: Callable[[TensorDict], Any], state: TensorDict, rest: tuple) -
     return None  # no params-shaped part (e.g. sgd without momentum: {"count"})
 
 
-def _map(td: TensorDict, layout: Any, f: Callable, rest: tuple, other: Callable | None, path):
-    if layout is not None and path and same_keys(td, layout) and _floating(td):
+_PROBE = "__tree_map_params_probe__"
+
+
+def _positions(init: Callable[[TensorDict], Any], layout: TensorDict) -> list[tuple] | None:
+    """The key paths at which ``init`` puts params-shaped TensorDicts (None: unknown)."""
+    meta = _on_meta(layout)
+    probe = torch.empty((*meta._batch_size, 1), device="meta")
+    try:
+        state = init(from_parts({**meta._data, _PROBE: probe}, meta._batch_size))
+    except Exception:  # e.g. a mask naming the params' keys: fall back on the keys
+        return None
+    if not isinstance(state, TensorDict):
+        return None
+    return [path for path, t in _subtrees(state) if _PROBE in t._data]
+
+
+def _map(td: TensorDict, is_params: Callable, f: Callable, rest: tuple, other, path: tuple):
+    if path and is_params(path, td):
         leaves = flat_leaves(td)
         rls = [flat_leaves(r) for r in rest]
         out = [f(x, *(r[i] for r in rls)) for i, x in enumerate(leaves)]
@@ -94,7 +113,7 @@ def _map(td: TensorDict, layout: Any, f: Callable, rest: tuple, other: Callable 
     vals = {}
     for k, v in td._data.items():
         if type(v) is TensorDict:
-            vals[k] = _map(v, layout, f, rest, other, (*path, k))
+            vals[k] = _map(v, is_params, f, rest, other, (*path, k))
         else:
             vals[k] = other(v) if other is not None else v
             _check_tensors([vals[k]], None, (*path, k), "transform_non_params")
@@ -166,4 +185,13 @@ def tree_map_params(
         if i and not same_keys(r, rest[0]):
             raise ValueError(E.layout_mismatch(_WHERE, "rest[0]", rest[0], f"rest[{i}]", r))
     layout = _layout(init, state, rest)
-    return _map(state, layout, f, rest, transform_non_params, ())
+    if layout is None:
+        return _map(state, lambda path, td: False, f, rest, transform_non_params, ())
+    where = _positions(init, layout)
+
+    def is_params(path: tuple, td: TensorDict) -> bool:
+        if not same_keys(td, layout):
+            return False
+        return path in where if where is not None else _floating(td)
+
+    return _map(state, is_params, f, rest, transform_non_params, ())
