@@ -144,6 +144,9 @@ def _factories():
         "apply_every": optim.apply_every(2),
         "inject_hyperparams": optim.inject_hyperparams(optim.adam)(0.1),
         "skip_nonfinite": optim.skip_nonfinite(optim.adam(0.1)),
+        "ema": optim.ema(0.9),
+        "zero_nans": optim.zero_nans(),
+        "adam_mu_dtype": optim.adam(0.1, mu_dtype=torch.bfloat16),
     }
 
 
@@ -151,7 +154,7 @@ def _factories():
 NOT_TRANSFORMATIONS = {
     "GradientTransformation", "Partial", "apply_updates", "incremental_update",
     "periodic_update", "constant", "cosine_decay", "exponential_decay", "linear",
-    "warmup_cosine_decay",
+    "warmup_cosine_decay", "skip_large_updates", "skip_not_finite", "tree_map_params",
 }  # fmt: skip
 
 

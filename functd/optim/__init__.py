@@ -19,6 +19,8 @@ Example:
 
 from ._accumulation import MultiSteps as MultiSteps
 from ._accumulation import apply_every as apply_every
+from ._accumulation import skip_large_updates as skip_large_updates
+from ._accumulation import skip_not_finite as skip_not_finite
 from ._alias import adagrad as adagrad
 from ._alias import adam as adam
 from ._alias import adamw as adamw
@@ -31,7 +33,10 @@ from ._base import apply_updates as apply_updates
 from ._base import chain as chain
 from ._base import identity as identity
 from ._combine import named_chain as named_chain
+from ._constrain import zero_nans as zero_nans
+from ._ema import ema as ema
 from ._inject import inject_hyperparams as inject_hyperparams
+from ._map_params import tree_map_params as tree_map_params
 from ._masking import masked as masked
 from ._masking import multi_transform as multi_transform
 from ._masking import set_to_zero as set_to_zero
@@ -69,6 +74,7 @@ __all__ = [
     "clip_by_global_norm",
     "constant",
     "cosine_decay",
+    "ema",
     "exponential_decay",
     "identity",
     "incremental_update",
@@ -88,7 +94,11 @@ __all__ = [
     "scale_by_schedule",
     "set_to_zero",
     "sgd",
+    "skip_large_updates",
     "skip_nonfinite",
+    "skip_not_finite",
     "trace",
+    "tree_map_params",
     "warmup_cosine_decay",
+    "zero_nans",
 ]

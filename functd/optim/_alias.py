@@ -16,11 +16,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from . import _checks as C
 from ._base import GradientTransformation
 from ._kernels import kernel_transformation
+from ._mu_dtype import with_mu_dtype
 
 Schedule = Callable[[Tensor], Tensor]
 Hyper = float | Tensor
@@ -80,7 +82,11 @@ def _optimizer(
     if check is not None:
         check(where, hparams)
     kernel, decoupled = _KERNELS[name]
-    return kernel_transformation(name, kernel, decoupled=decoupled, **hparams)
+    hparams = dict(hparams)
+    mu_dtype = hparams.pop("mu_dtype", None)
+    C.float_dtype(where, "mu_dtype", mu_dtype)
+    tx = kernel_transformation(name, kernel, decoupled=decoupled, **hparams)
+    return with_mu_dtype(name, tx, mu_dtype)
 
 
 def sgd(
@@ -115,6 +121,7 @@ def adam(
     eps: Hyper = 1e-8,
     weight_decay: Hyper = 0.0,
     amsgrad: bool = False,
+    mu_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """Adam, as ``torch.optim.Adam`` (``betas=(b1, b2)``).
 
@@ -123,8 +130,14 @@ def adam(
     ``sqrt(v_hat)``, as in both torch and optax. State: ``count``, ``exp_avg``,
     ``exp_avg_sq`` (+ ``max_exp_avg_sq`` with amsgrad).
 
+    ``mu_dtype`` (optax's option) stores ``exp_avg`` in that dtype, e.g.
+    ``torch.bfloat16`` to halve its memory; the step itself is computed in the
+    params' dtype (optax computes it in the wider of ``mu_dtype`` and the
+    gradients'), and only the stored moment is rounded. Default: the params' dtype.
+
     Raises:
         ValueError: negative ``lr``/``eps``/``weight_decay``, betas outside [0, 1).
+        TypeError: ``mu_dtype`` is not a floating torch.dtype.
 
     Example:
         >>> opt = fd.optim.adam(1e-3)
@@ -140,12 +153,14 @@ def adamw(
     eps: Hyper = 1e-8,
     weight_decay: Hyper = 1e-2,
     amsgrad: bool = False,
+    mu_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
     """AdamW, as ``torch.optim.AdamW`` (default ``weight_decay=1e-2``, as torch;
     optax's default is 1e-4).
 
     The decay is decoupled: the update is ``-lr * (adam_direction + weight_decay *
     params)``, i.e. torch's ``params *= 1 - lr * weight_decay`` then the Adam step.
+    ``mu_dtype``: the dtype ``exp_avg`` is stored in, as :func:`adam`'s.
 
     Example:
         >>> opt = fd.optim.adamw(1e-3, weight_decay=0.05)

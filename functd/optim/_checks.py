@@ -11,6 +11,8 @@ import math
 from numbers import Number
 from typing import Any
 
+import torch
+
 from . import _errors as E
 
 
@@ -51,3 +53,14 @@ def nonneg(where: str, name: str, value: Any) -> None:
 def positive(where: str, name: str, value: Any) -> None:
     if is_number(value) and not (value > 0 and math.isfinite(value)):
         raise ValueError(E.bad_hparam(where, name, value, "a finite number > 0"))
+
+
+def float_dtype(where: str, name: str, value: Any) -> None:
+    """``value`` must be None or a floating ``torch.dtype`` (an accumulator's dtype)."""
+    if value is None:
+        return
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise TypeError(
+            f"{where}({name}={value!r}): {name} must be None or a floating torch.dtype "
+            "such as torch.float32 or torch.bfloat16."
+        )

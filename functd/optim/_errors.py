@@ -17,11 +17,33 @@ SPLIT_HINT = (
 
 
 def not_a_td(where: str, what: str, value: Any) -> str:
+    none = _none_paths(value)
+    hint = (
+        f" It holds None at [{fmt_keys(none)}]: a TensorDict has no None leaves; leave those "
+        "entries out (optax treats a None leaf as an empty subtree, which is the same thing)."
+        if none
+        else ""
+    )
     return (
         f"{where}: {what} must be a functd TensorDict, got a {type(value).__name__}. "
         f"Wrap a dict of tensors with fd.TensorDict({{...}}); opt_state is what "
-        "opt.init(params) returned."
+        f"opt.init(params) returned.{hint}"
     )
+
+
+def _none_paths(value: Any, path: tuple = ()) -> list[tuple]:
+    """The key paths of the None leaves of nested dicts, lists and tuples (up to 5)."""
+    if value is None:
+        return [path] if path else []
+    items: Any = ()
+    if isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = ((str(i), v) for i, v in enumerate(value))
+    out: list[tuple] = []
+    for k, v in items:
+        out.extend(_none_paths(v, (*path, str(k))))
+    return out[:5]
 
 
 def non_floating(where: str, path: tuple, dtype) -> str:

@@ -25,6 +25,7 @@ from . import _errors as E
 from . import _listops as L
 from ._base import GradientTransformation, transformation
 from ._kernels import kernel_transformation
+from ._mu_dtype import with_mu_dtype
 
 Hyper = float | Tensor
 
@@ -193,9 +194,14 @@ def trace(
 
 
 def scale_by_adam(
-    b1: Hyper = 0.9, b2: Hyper = 0.999, eps: Hyper = 1e-8, amsgrad: bool = False
+    b1: Hyper = 0.9,
+    b2: Hyper = 0.999,
+    eps: Hyper = 1e-8,
+    amsgrad: bool = False,
+    mu_dtype: torch.dtype | None = None,
 ) -> GradientTransformation:
-    """Adam's direction without the learning rate (see :func:`adam`).
+    """Adam's direction without the learning rate (see :func:`adam`; ``mu_dtype``:
+    the dtype ``exp_avg`` is stored in, as ``optax.scale_by_adam(mu_dtype=...)``).
 
     Example:
         >>> fd.optim.chain(fd.optim.scale_by_adam(), fd.optim.scale_by_learning_rate(1e-3))
@@ -204,7 +210,9 @@ def scale_by_adam(
     C.beta(where, "b1", b1)
     C.beta(where, "b2", b2)
     C.nonneg(where, "eps", eps)
-    return kernel_transformation("scale_by_adam", "adam", b1=b1, b2=b2, eps=eps, amsgrad=amsgrad)
+    C.float_dtype(where, "mu_dtype", mu_dtype)
+    tx = kernel_transformation("scale_by_adam", "adam", b1=b1, b2=b2, eps=eps, amsgrad=amsgrad)
+    return with_mu_dtype("scale_by_adam", tx, mu_dtype)
 
 
 def scale_by_rms(

@@ -54,6 +54,12 @@ def skip_nonfinite(inner: GradientTransformation) -> GradientTransformation:
     The choice is made with ``torch.where`` (no sync, no Python branch), so it
     compiles and works under ``vmap`` (per member).
 
+    optax's names for the same idea: :func:`skip_not_finite` is the test itself, as a
+    ``should_skip_update_fn`` of :class:`MultiSteps` (it skips one mini-step there);
+    ``skip_nonfinite`` applies it to any optimizer's step, and also checks the
+    updates the optimizer returns. :func:`zero_nans` zeroes the NaN elements instead
+    of skipping the step.
+
     Raises:
         TypeError: ``inner`` is not a GradientTransformation.
 
