@@ -210,30 +210,7 @@ def test_multi_steps_skip_not_finite():
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-def _adam_steps_mixed_precision():
-    """Whether adam steps float16 grads of float32 params (issue 38's first bullet,
-    fixed in _kernels by the part-A branch): until it does, the mixed cases below are
-    expected to fail with adam's own RuntimeError; once it does, they run as plain tests
-    (they pass on this branch merged with part A's)."""
-    params = fd.TensorDict({"w": torch.zeros(2)})
-    grads = fd.TensorDict({"w": torch.zeros(2, dtype=torch.float16)})
-    try:
-        optim.adam(0.1).update(grads, optim.adam(0.1).init(params), params)
-    except RuntimeError:
-        return False
-    return True
-
-
-MIXED = (
-    ()
-    if _adam_steps_mixed_precision()
-    else pytest.mark.xfail(strict=True, raises=RuntimeError, reason="adam on mixed dtypes")
-)
-COMBOS = [
-    pytest.param(p, u, marks=() if p == u else MIXED, id=f"{p}-{u}".replace("torch.", ""))
-    for p in DTYPES
-    for u in DTYPES
-]
+COMBOS = [pytest.param(p, u, id=f"{p}-{u}".replace("torch.", "")) for p in DTYPES for u in DTYPES]
 
 
 @pytest.mark.parametrize("mu_dtype", [None, torch.float32], ids=["adam", "adam_mu_dtype"])
