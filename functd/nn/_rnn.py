@@ -144,13 +144,14 @@ class _RNNBase(Layer):
             )
         return x, batched
 
-    def _state(self, hx: Tensor | None, n: int, x: Tensor, size: int, what: str) -> Tensor:
+    def _state(
+        self, hx: Tensor | None, n: int, x: Tensor, size: int, what: str, front: bool
+    ) -> Tensor:
         """The initial state ``(layers * dirs, n, size)``: ``hx`` checked (in the
-        caller's layout: ``(n, layers * dirs, size)`` with ``batch_first_state``), or zeros."""
+        caller's layout: ``(n, layers * dirs, size)`` when ``front``), or zeros."""
         shape = (self.num_layers * self._dirs, n, size)
         if hx is None:
             return x.new_zeros(shape)
-        front = self.batch_first_state and hx.dim() == 3  # unbatched: one layout
         given = (n, shape[0], size) if front else shape
         if tuple(hx.shape) != given:
             hint = " (batch_first_state=True: batch first)" if front else ""
@@ -248,9 +249,9 @@ class _RNNBase(Layer):
             x = x.unsqueeze(batch)
             hx = None if hx is None else hx.unsqueeze(1)
             cx = None if cx is None else cx.unsqueeze(1)
-        n = x.size(batch)
-        h0 = self._state(hx, n, x, self._h_shape[1], "hidden[0]" if lstm else "hidden")
-        c0 = self._state(cx, n, x, self.hidden_size, "hidden[1]") if lstm else None
+        n, front = x.size(batch), self.batch_first_state and batched  # unbatched: one layout
+        h0 = self._state(hx, n, x, self._h_shape[1], "hidden[0]" if lstm else "hidden", front)
+        c0 = self._state(cx, n, x, self.hidden_size, "hidden[1]", front) if lstm else None
         out, h, c = self._layers(params._data, x, h0, c0, key)
         if not batched:
             return out.squeeze(batch), h.squeeze(1), None if c is None else c.squeeze(1)
@@ -481,12 +482,13 @@ def run_stack(name: str, *args: Any) -> tuple[Tensor, ...]:
     """
     x, hx, weights, bias, layers, p, train, bidir, batch_first = args
     lstm = name == "lstm"
-    h0, c0 = hx if lstm else (hx, None)
-    if plain([x, h0, *([c0] if lstm else []), *weights]):
+    states: list[Tensor] = list(hx) if lstm else [hx]
+    if plain([x, *states, *weights]):
         return tuple(getattr(torch._VF, name)(*args))
+    h0, c0 = (states[0], states[1]) if lstm else (states[0], None)
     if train and p > 0 and layers > 1:
         raise ValueError(f"run_stack({name!r}): drop between layers in the caller (p={p})")
-    hidden = c0.shape[-1] if lstm else weights[1].shape[-1]
+    hidden = weights[1].shape[-1] if c0 is None else c0.shape[-1]
     proj = h0.shape[-1] if lstm and h0.shape[-1] != hidden else 0
     stack = _stack(name, x.shape[-1], hidden, layers, bias, bidir, batch_first, proj)
     d = dict(zip((n for names in stack._names for n in names), weights, strict=True))
