@@ -484,7 +484,7 @@ def run_stack(name: str, *args: Any) -> tuple[Tensor, ...]:
     lstm = name == "lstm"
     states: list[Tensor] = list(hx) if lstm else [hx]
     if plain([x, *states, *weights]):
-        return tuple(getattr(torch._VF, name)(*args))
+        return tuple(_FUSED[name](*args))
     h0, c0 = (states[0], states[1]) if lstm else (states[0], None)
     if train and p > 0 and layers > 1:
         raise ValueError(f"run_stack({name!r}): drop between layers in the caller (p={p})")
@@ -494,6 +494,9 @@ def run_stack(name: str, *args: Any) -> tuple[Tensor, ...]:
     d = dict(zip((n for names in stack._names for n in names), weights, strict=True))
     out, h, c = stack._layers(d, x, h0, c0, None)
     return (out, h) if c is None else (out, h, c)
+
+
+_FUSED = {n: getattr(torch._VF, n) for n in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
 
 
 @functools.lru_cache(maxsize=64)  # configs (ints and bools): bounded, holds no tensor
