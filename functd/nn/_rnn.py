@@ -21,7 +21,6 @@ layer the layer is ``random`` and draws its masks from the call's ``key``.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -499,14 +498,27 @@ def run_stack(name: str, *args: Any) -> tuple[Tensor, ...]:
 _FUSED = {n: getattr(torch._VF, n) for n in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
 
 
-@functools.lru_cache(maxsize=64)  # configs (ints and bools): bounded, holds no tensor
+_STACKS: dict[tuple[Any, ...], _RNNBase] = {}  # config (str, ints, bools) -> layer
+
+
 def _stack(
     name: str, size: int, hidden: int, layers: int, bias: bool, bidir: bool, bf: bool, proj: int
 ) -> _RNNBase:
-    """The eval-mode layer of one fused call's config."""
+    """The eval-mode layer of one fused call's config (kept, 64 configs at most, but
+    not while compiling: dynamo cannot store a new layer in a global)."""
+    config = (name, size, hidden, layers, bias, bidir, bf, proj)
+    layer = _STACKS.get(config)
+    if layer is not None:
+        return layer
     kw = {"num_layers": layers, "bias": bias, "batch_first": bf, "bidirectional": bidir}
     if name == "lstm":
-        return LSTM(size, hidden, proj_size=proj, training=False, **kw)
-    if name == "gru":
-        return GRU(size, hidden, training=False, **kw)
-    return RNN(size, hidden, nonlinearity=name[4:], training=False, **kw)
+        layer = LSTM(size, hidden, proj_size=proj, training=False, **kw)
+    elif name == "gru":
+        layer = GRU(size, hidden, training=False, **kw)
+    else:
+        layer = RNN(size, hidden, nonlinearity=name[4:], training=False, **kw)
+    if not torch.compiler.is_compiling():
+        if len(_STACKS) >= 64:
+            _STACKS.clear()
+        _STACKS[config] = layer
+    return layer
