@@ -276,19 +276,29 @@ def test_batch_first_state_in_a_tensordict_stacks_members_in_front_under_vmap():
 class _Net(nn.Module):
     """A model functd cannot lower (its own forward): runs as a FunctionalCall."""
 
-    def __init__(self) -> None:
+    def __init__(self, kind: str = "LSTM", **kw) -> None:
         super().__init__()
-        self.lstm = nn.LSTM(3, 4, num_layers=3, dropout=0.5, batch_first=True)
-        self.head = nn.Linear(4, 1)
+        kw = {"num_layers": 3, "dropout": 0.5, **kw}
+        self.rnn = getattr(nn, kind)(3, 4, batch_first=True, **kw)
+        self.head = nn.Linear(self.rnn.proj_size or 4 * (1 + self.rnn.bidirectional), 1)
 
     def forward(self, x):
-        return self.head(self.lstm(x)[0])
+        return self.head(self.rnn(x)[0])
 
 
-def test_torch_lstm_in_a_wrapped_module_vmaps_and_grads_in_training():
-    net = _Net().double()
+WRAPPED = [
+    ("LSTM", {}),
+    ("LSTM", {"num_layers": 2, "proj_size": 2}),
+    ("GRU", {"num_layers": 2, "bidirectional": True}),
+    ("RNN", {"nonlinearity": "relu"}),
+]
+
+
+@pytest.mark.parametrize("kind, kw", WRAPPED, ids=[f"{k}-{kw}" for k, kw in WRAPPED])
+def test_torch_rnn_in_a_wrapped_module_vmaps_and_grads_in_training(kind, kw):
+    net = _Net(kind, **kw).double()
     mod = fd.Module(net, ["x"], ["y"])
-    params, td = fd.from_module(mod), fd.TensorDict({"x": _x(net.lstm)}, [2])
+    params, td = fd.from_module(mod), fd.TensorDict({"x": _x(net.rnn)}, [2])
     keys = fd.random.split(fd.random.key(5), 3)
 
     def loss(p, k):
@@ -301,3 +311,16 @@ def test_torch_lstm_in_a_wrapped_module_vmaps_and_grads_in_training():
         torch.testing.assert_close(by_key[i], mod(params, td, key=keys[i])["y"], **TOL)
         fd.testing.assert_close(grads[i], fd.grad(loss)(ens[i], keys[i]), **TOL)
     assert not torch.allclose(by_key[0], by_key[1])
+
+
+def test_torch_gru_without_dropout_in_a_wrapped_module_vmaps_as_torch():
+    """In training mode with dropout 0 the whole stack runs functd's loop under vmap;
+    each member equals torch's module with its weights."""
+    net = _Net("GRU", num_layers=2, dropout=0.0, bidirectional=True).double()
+    mod = fd.Module(net, ["x"], ["y"])
+    params, td = fd.from_module(mod), fd.TensorDict({"x": _x(net.rnn)}, [2])
+    ens = fd.stack([params.apply(lambda t, i=i: t * (1 + 0.1 * i)) for i in range(3)])
+    out = fd.vmap(lambda p: mod(p, td)["y"])(ens)
+    for i in range(3):
+        fd.to_module(ens[i], net)
+        torch.testing.assert_close(out[i], net(td["x"]), **TOL)
