@@ -6,15 +6,19 @@ has no ``vmap`` batching rule and that ``torch.compile`` only traces with
 the steps in ``_recurrent.py`` (the input projection of every step computed
 at once, as ATen's CPU code does), so ensembles vmap and the layer compiles
 with ``fullgraph=True``. On plain eager CPU tensors (no ``vmap``/``grad``
-wrapper, not compiling; ``functd._eager.plain``) the call runs torch's fused
-op instead, once for the stack (once per layer when it drops between
-layers): the same function at torch's speed (the loop is 1.8-3x slower,
-``benchmarks/rnn.py``).
+wrapper, not compiling; ``functd._eager.plain``; in training with dropout the
+key too, as an ensemble vmapped over keys alone batches the masks) the call
+runs torch's fused op instead, once for the stack (once per layer when it
+drops between layers): the same function at torch's speed (the loop is
+1.8-3x slower, ``benchmarks/rnn.py``). ``run_stack`` serves the torch
+modules inside a ``FunctionalCall`` in training mode the same way.
 
 Parameters are named like the torch module's ``state_dict()``
 (``weight_ih_l0``, ``bias_hh_l1_reverse``, ``weight_hr_l0``...). Inter-layer
 dropout is keyed: in training mode with ``dropout > 0`` and more than one
-layer the layer is ``random`` and draws its masks from the call's ``key``.
+layer the layer is ``random`` and draws its masks from the call's ``key``
+(``RNN``'s docstring says how). The states keep torch's ``(layers * D, N,
+H)`` layout unless ``batch_first_state=True`` puts the batch dim in front.
 ``PackedSequence`` inputs are refused (pad them).
 """
 
