@@ -324,3 +324,27 @@ def test_torch_gru_without_dropout_in_a_wrapped_module_vmaps_as_torch():
     for i in range(3):
         fd.to_module(ens[i], net)
         torch.testing.assert_close(out[i], net(td["x"]), **TOL)
+
+
+class _Packed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(3, 4, num_layers=2, dropout=0.3, batch_first=True)
+
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(x, lengths, True, enforce_sorted=False)
+        return nn.utils.rnn.pad_packed_sequence(self.gru(packed)[0], batch_first=True)[0]
+
+
+def test_torch_rnn_on_a_packed_sequence_under_vmap_raises_the_way_around():
+    mod = fd.Module(_Packed(), ["x", "lengths"], ["y"])
+    params = fd.from_module(mod)
+    td = fd.TensorDict({"x": torch.randn(2, 5, 3), "lengths": torch.tensor([5, 3])}, [])
+    assert mod(params, td, key=fd.random.key(0))["y"].shape == (2, 5, 4)  # eager: torch's op
+    keys = fd.random.split(fd.random.key(0), 2)
+    with pytest.raises(
+        NotImplementedError,
+        match=r"FunctionalCall\(_Packed\): nn.GRU on a PackedSequence cannot run under vmap.*"
+        r"pad_packed_sequence",
+    ):
+        fd.vmap(lambda k: mod(params, td, key=k))(keys)

@@ -336,7 +336,7 @@ def _rnn(name: str) -> Callable:
             tail: tuple = ()
         else:  # (input, hx, params, bias, layers, dropout, train, bidir, batch_first)
             data, hx, weights, bias, layers, p, train, bidir, *tail = args
-        func = fused if packed else functools.partial(run_stack, name)
+        func = _packed(fused, mode.owner, name) if packed else functools.partial(run_stack, name)
         if not train or p == 0 or layers == 1:
             return func(*args)
         dirs = 2 if bidir else 1
@@ -355,6 +355,30 @@ def _rnn(name: str) -> Callable:
         return (x, *(torch.cat(parts, 0) for parts in zip(*finals)))
 
     return handler
+
+
+PACKED_BATCHED = (
+    "{owner}: {module} on a PackedSequence cannot run under vmap: the fused op has no "
+    "batching rule and functd's loop over time takes padded batches only. Pass the padded "
+    "batch (torch.nn.utils.rnn.pad_packed_sequence) and mask the padded steps, or loop "
+    "over the members."
+)
+
+
+def _packed(fused: Callable, owner: str, name: str) -> Callable:
+    """The fused op on a PackedSequence's data, with ``PACKED_BATCHED`` for vmap's
+    missing batching rule (torch's message names no way around it)."""
+
+    def call(*args: Any) -> Any:
+        try:
+            return fused(*args)
+        except RuntimeError as e:
+            if "Batching rule not implemented" not in str(e):
+                raise
+            module = "nn." + name.split("_")[0].upper()  # rnn_tanh: nn.RNN
+            raise NotImplementedError(PACKED_BATCHED.format(owner=owner, module=module)) from e
+
+    return call
 
 
 # ------------------------------------------------------------------ attention
