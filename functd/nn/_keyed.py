@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -34,6 +35,7 @@ from torch.overrides import TorchFunctionMode
 
 from .. import random as fr
 from ._dropout import keyed_dropout
+from ._rnn import run_stack
 
 __all__ = ["KEY_NEEDED", "NOT_KEYED", "KeyedRandom", "generator_state"]
 
@@ -321,8 +323,10 @@ def _refuse(op: str) -> Callable:
 # ------------------------------------------------------------------ RNN inter-layer dropout
 def _rnn(name: str) -> Callable:
     """``_VF.lstm/gru/rnn_*`` with inter-layer dropout in training: run layer by layer
-    (the same fused op, one layer each, no dropout) with keyed dropout in between."""
-    func = getattr(torch._VF, name)
+    (the same fused op, one layer each, no dropout) with keyed dropout in between.
+    Padded inputs the fused op cannot take (under vmap, compiling) run functd's loop
+    over time instead (``_rnn.run_stack``)."""
+    fused = getattr(torch._VF, name)
     lstm = name == "lstm"  # its state is a pair (h, c); the others' one tensor
 
     def handler(mode, *args):
@@ -332,6 +336,7 @@ def _rnn(name: str) -> Callable:
             tail: tuple = ()
         else:  # (input, hx, params, bias, layers, dropout, train, bidir, batch_first)
             data, hx, weights, bias, layers, p, train, bidir, *tail = args
+        func = _packed(fused, mode.owner, name) if packed else functools.partial(run_stack, name)
         if not train or p == 0 or layers == 1:
             return func(*args)
         dirs = 2 if bidir else 1
@@ -350,6 +355,30 @@ def _rnn(name: str) -> Callable:
         return (x, *(torch.cat(parts, 0) for parts in zip(*finals)))
 
     return handler
+
+
+PACKED_BATCHED = (
+    "{owner}: {module} on a PackedSequence cannot run under vmap: the fused op has no "
+    "batching rule and functd's loop over time takes padded batches only. Pass the padded "
+    "batch (torch.nn.utils.rnn.pad_packed_sequence) and mask the padded steps, or loop "
+    "over the members."
+)
+
+
+def _packed(fused: Callable, owner: str, name: str) -> Callable:
+    """The fused op on a PackedSequence's data, with ``PACKED_BATCHED`` for vmap's
+    missing batching rule (torch's message names no way around it)."""
+
+    def call(*args: Any) -> Any:
+        try:
+            return fused(*args)
+        except RuntimeError as e:
+            if "Batching rule not implemented" not in str(e):
+                raise
+            module = "nn." + name.split("_")[0].upper()  # rnn_tanh: nn.RNN
+            raise NotImplementedError(PACKED_BATCHED.format(owner=owner, module=module)) from e
+
+    return call
 
 
 # ------------------------------------------------------------------ attention

@@ -46,7 +46,9 @@ def lower(module: nn.Module | Layer, *, fallback: bool = False) -> Layer | None:
     ``Conv1d/2d/3d, ConvTranspose1d/2d/3d, Embedding, EmbeddingBag,
     LayerNorm, GroupNorm, RMSNorm, BatchNorm1d/2d/3d`` (``training`` from the
     module's mode), ``RNNCell, GRUCell, LSTMCell``, ``RNN, GRU, LSTM``
-    (``training`` from the module's mode: keyed inter-layer dropout),
+    (``training`` from the module's mode: keyed inter-layer dropout; the
+    states in torch's layout, ``dataclasses.replace(layer,
+    batch_first_state=True)`` for the batch dim in front),
     ``MultiheadAttention``, ``MaxPool/AvgPool/LPPool/AdaptiveMaxPool/
     AdaptiveAvgPool 1d/2d/3d``, the padding modules ``ZeroPad, ConstantPad,
     ReflectionPad, ReplicationPad, CircularPad 1d/2d/3d`` (one ``Pad``),

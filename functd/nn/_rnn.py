@@ -6,15 +6,19 @@ has no ``vmap`` batching rule and that ``torch.compile`` only traces with
 the steps in ``_recurrent.py`` (the input projection of every step computed
 at once, as ATen's CPU code does), so ensembles vmap and the layer compiles
 with ``fullgraph=True``. On plain eager CPU tensors (no ``vmap``/``grad``
-wrapper, not compiling; ``functd._eager.plain``) the call runs torch's fused
-op instead, once for the stack (once per layer when it drops between
-layers): the same function at torch's speed (the loop is 1.8-3x slower,
-``benchmarks/rnn.py``).
+wrapper, not compiling; ``functd._eager.plain``; in training with dropout the
+key too, as an ensemble vmapped over keys alone batches the masks) the call
+runs torch's fused op instead, once for the stack (once per layer when it
+drops between layers): the same function at torch's speed (the loop is
+1.8-3x slower, ``benchmarks/rnn.py``). ``run_stack`` serves the torch
+modules inside a ``FunctionalCall`` in training mode the same way.
 
 Parameters are named like the torch module's ``state_dict()``
 (``weight_ih_l0``, ``bias_hh_l1_reverse``, ``weight_hr_l0``...). Inter-layer
 dropout is keyed: in training mode with ``dropout > 0`` and more than one
-layer the layer is ``random`` and draws its masks from the call's ``key``.
+layer the layer is ``random`` and draws its masks from the call's ``key``
+(``RNN``'s docstring says how). The states keep torch's ``(layers * D, N,
+H)`` layout unless ``batch_first_state=True`` puts the batch dim in front.
 ``PackedSequence`` inputs are refused (pad them).
 """
 
@@ -35,7 +39,7 @@ from ._base import Layer, ParamSpec, as_key, fan_in_bound, set_derived, uniform
 from ._dropout import Dropout
 from ._recurrent import elman_step, gru_step, lstm_step
 
-__all__ = ["GRU", "LSTM", "RNN"]
+__all__ = ["GRU", "LSTM", "RNN", "run_stack"]
 
 KEY_REQUIRED = (
     "{name}(dropout={p}) in training mode drops between its {n} layers and needs a PRNG key: "
@@ -59,6 +63,7 @@ class _RNNBase(Layer):
         _h_shape: Any
         _names: Any
         batch_first: Any
+        batch_first_state: Any
         bias: Any
         bidirectional: Any
         dropout: Any
@@ -142,16 +147,21 @@ class _RNNBase(Layer):
             )
         return x, batched
 
-    def _state(self, hx: Tensor | None, n: int, x: Tensor, size: int, what: str) -> Tensor:
-        """The initial state ``(layers * dirs, n, size)``: ``hx`` checked, or zeros."""
+    def _state(
+        self, hx: Tensor | None, n: int, x: Tensor, size: int, what: str, front: bool
+    ) -> Tensor:
+        """The initial state ``(layers * dirs, n, size)``: ``hx`` checked (in the
+        caller's layout: ``(n, layers * dirs, size)`` when ``front``), or zeros."""
         shape = (self.num_layers * self._dirs, n, size)
         if hx is None:
             return x.new_zeros(shape)
-        if tuple(hx.shape) != shape:
+        given = (n, shape[0], size) if front else shape
+        if tuple(hx.shape) != given:
+            hint = " (batch_first_state=True: batch first)" if front else ""
             raise ValueError(
-                f"{type(self).__name__}: Expected {what} size {shape}, got {list(hx.shape)}"
+                f"{type(self).__name__}: Expected {what} size {given}{hint}, got {list(hx.shape)}"
             )
-        return hx
+        return hx.transpose(0, 1) if front else hx
 
     def _layers(
         self, d: dict[str, Tensor], x: Tensor, h0: Tensor, c0: Tensor | None, key: Any
@@ -165,7 +175,10 @@ class _RNNBase(Layer):
                 KEY_REQUIRED.format(name=type(self).__name__, p=self.dropout, n=self.num_layers)
             )
         keys = fr.split(as_key(key), self.num_layers - 1) if drop else None
-        fused = self._fusable(x) and plain([x, h0, *(w for ws in weights for w in ws)])
+        # the keys too: under vmap over keys alone the masks, then the next layer's
+        # input, are batched, which the fused op cannot take
+        tensors = [x, h0, *(w for ws in weights for w in ws), *([keys] if drop else [])]
+        fused = self._fusable(x) and plain(tensors)
         if fused and not drop:  # one fused call for the whole stack: torch's own call
             return self._fused_call(weights, x, h0, c0, self.num_layers)
         if not fused and self.batch_first:  # the loop runs time-major
@@ -239,12 +252,14 @@ class _RNNBase(Layer):
             x = x.unsqueeze(batch)
             hx = None if hx is None else hx.unsqueeze(1)
             cx = None if cx is None else cx.unsqueeze(1)
-        n = x.size(batch)
-        h0 = self._state(hx, n, x, self._h_shape[1], "hidden[0]" if lstm else "hidden")
-        c0 = self._state(cx, n, x, self.hidden_size, "hidden[1]") if lstm else None
+        n, front = x.size(batch), self.batch_first_state and batched  # unbatched: one layout
+        h0 = self._state(hx, n, x, self._h_shape[1], "hidden[0]" if lstm else "hidden", front)
+        c0 = self._state(cx, n, x, self.hidden_size, "hidden[1]", front) if lstm else None
         out, h, c = self._layers(params._data, x, h0, c0, key)
         if not batched:
             return out.squeeze(batch), h.squeeze(1), None if c is None else c.squeeze(1)
+        if self.batch_first_state:  # (n, layers * dirs, size): the batch dim in front
+            return out, h.transpose(0, 1), None if c is None else c.transpose(0, 1)
         return out, h, c
 
 
@@ -262,6 +277,16 @@ class RNN(_RNNBase):
         dropout: dropout on the outputs of every layer but the last, in training mode.
         bidirectional: also run each layer backwards in time and concatenate.
         training: training mode (the dropout is on); ``fd.nn.eval_mode`` switches it.
+        batch_first_state: (keyword, functd's own) the states ``hx``/``h_n`` (and
+            LSTM's ``c``) are ``(N, num_layers * D, size)``, the batch dim in front,
+            instead of torch's ``(num_layers * D, N, size)``; unbatched states
+            are unchanged. Then a TensorDict with batch dims ``[N]`` holds the
+            state next to the input (``fd.Module(layer, ["x", "h"], ["y", "h"])``),
+            and an ensemble vmapped over its members stacks it as
+            ``(members, N, num_layers * D, size)``: every batch dim in front,
+            as the input's. A lowered module gets it with
+            ``dataclasses.replace(fd.nn.lower(module), batch_first_state=True)``
+            (the parameters are the same).
 
     Call: ``rnn(params, input, hx=None, key=None)`` with ``input`` of shape
     ``(L, N, input_size)`` (``(N, L, input_size)`` with ``batch_first``) or
@@ -269,6 +294,17 @@ class RNN(_RNNBase):
     hidden_size)`` (or ``(num_layers * D, hidden_size)``); None starts from
     zeros. Returns ``(output, h_n)``, as torch. ``key`` is needed when
     ``random`` (training, ``dropout > 0``, several layers).
+
+    Dropout between layers: layer ``i``'s output (both directions, before
+    layer ``i + 1``) is ``keyed_dropout(y, p, split(key, num_layers - 1)[i])``,
+    the mask ``bernoulli(1 - p)`` over the time-major ``(L, N, D * size)``
+    output and the kept values scaled by ``1 / (1 - p)``: torch's
+    ``F.dropout`` between layers, never on the last layer's output, drawn
+    from the key instead of torch's generator. An ensemble vmapped over keys
+    draws one mask per member key (a loop over the members with their keys
+    gives the same numbers); members sharing one key share its masks.
+    Training runs under ``fd.vmap`` (over keys, params, inputs) and
+    ``fd.grad`` through the loop over time.
 
     Parameters: as ``nn.RNN``'s ``state_dict()``, all ``U(±1/sqrt(hidden_size))``.
 
@@ -282,6 +318,9 @@ class RNN(_RNNBase):
         >>> out, h = rnn(rnn.init(0), torch.zeros(7, 2, 3))
         >>> out.shape, h.shape
         (torch.Size([7, 2, 5]), torch.Size([2, 2, 5]))
+        >>> front = RNN(3, 5, num_layers=2, batch_first=True, batch_first_state=True)
+        >>> front(rnn.init(0), torch.zeros(4, 7, 3))[1].shape  # (N, layers, hidden)
+        torch.Size([4, 2, 5])
     """
 
     _gates: ClassVar[int] = 1
@@ -295,6 +334,7 @@ class RNN(_RNNBase):
     dropout: float = 0.0
     bidirectional: bool = False
     training: bool = True
+    batch_first_state: bool = dataclasses.field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.nonlinearity not in ("tanh", "relu"):
@@ -339,6 +379,7 @@ class GRU(_RNNBase):
     dropout: float = 0.0
     bidirectional: bool = False
     training: bool = True
+    batch_first_state: bool = dataclasses.field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         self._check()
@@ -363,7 +404,8 @@ class LSTM(_RNNBase):
 
     Call: ``lstm(params, input, hx=None, cx=None, key=None)``; torch's
     ``hx=(h_0, c_0)`` is accepted too, or the two states as two arguments
-    (both or neither). Returns ``(output, (h_n, c_n))``, as torch.
+    (both or neither). Returns ``(output, (h_n, c_n))``, as torch. With
+    ``batch_first_state`` both states are ``(N, num_layers * D, size)``.
 
     Example:
         >>> lstm = LSTM(3, 5, num_layers=2)
@@ -384,6 +426,7 @@ class LSTM(_RNNBase):
     bidirectional: bool = False
     proj_size: int = 0
     training: bool = True
+    batch_first_state: bool = dataclasses.field(default=False, kw_only=True)
 
     def __post_init__(self) -> None:
         if self.proj_size < 0:
@@ -420,3 +463,66 @@ class LSTM(_RNNBase):
             raise ValueError("LSTM: pass both h_0 and c_0 (hx=(h_0, c_0)), or neither (zeros)")
         out, h, c = self._run(params, input, hx, cx, key)
         return out, (h, c)  # type: ignore[return-value]
+
+
+# ---------------------------------------------- torch's fused call, for torch modules
+def run_stack(name: str, *args: Any) -> tuple[Tensor, ...]:
+    """``torch._VF.<name>(*args)`` (``name``: ``lstm``, ``gru``, ``rnn_tanh``,
+    ``rnn_relu``; the padded form, no dropout) where it can run, else the layers'
+    loop over time: what ``KeyedRandom`` (``_keyed.py``) runs for the
+    ``nn.LSTM``/``GRU``/``RNN`` inside a torch module called in training mode,
+    so that module vmaps (the fused op has no batching rule) and compiles.
+
+    ``args`` are the fused op's: ``(input, hx, weights, has_biases, num_layers,
+    dropout, train, bidirectional, batch_first)``, ``hx`` LSTM's ``(h, c)`` or
+    one tensor, in torch's layout; the caller drops between layers itself.
+
+    Example:
+        >>> m = torch.nn.GRU(3, 4)
+        >>> args = (torch.zeros(5, 2, 3), torch.zeros(1, 2, 4), list(m.parameters()))
+        >>> run_stack("gru", *args, True, 1, 0.0, False, False, False)[1].shape
+        torch.Size([1, 2, 4])
+    """
+    x, hx, weights, bias, layers, p, train, bidir, batch_first = args
+    lstm = name == "lstm"
+    states: list[Tensor] = list(hx) if lstm else [hx]
+    if plain([x, *states, *weights]):
+        return tuple(_FUSED[name](*args))
+    h0, c0 = (states[0], states[1]) if lstm else (states[0], None)
+    if train and p > 0 and layers > 1:
+        raise ValueError(f"run_stack({name!r}): drop between layers in the caller (p={p})")
+    hidden = weights[1].shape[-1] if c0 is None else c0.shape[-1]
+    proj = h0.shape[-1] if lstm and h0.shape[-1] != hidden else 0
+    stack = _stack(name, x.shape[-1], hidden, layers, bias, bidir, batch_first, proj)
+    d = dict(zip((n for names in stack._names for n in names), weights, strict=True))
+    out, h, c = stack._layers(d, x, h0, c0, None)
+    return (out, h) if c is None else (out, h, c)
+
+
+_FUSED = {n: getattr(torch._VF, n) for n in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
+
+
+_STACKS: dict[tuple[Any, ...], _RNNBase] = {}  # config (str, ints, bools) -> layer
+
+
+def _stack(
+    name: str, size: int, hidden: int, layers: int, bias: bool, bidir: bool, bf: bool, proj: int
+) -> _RNNBase:
+    """The eval-mode layer of one fused call's config (kept, 64 configs at most, but
+    not while compiling: dynamo cannot store a new layer in a global)."""
+    config = (name, size, hidden, layers, bias, bidir, bf, proj)
+    layer = _STACKS.get(config)
+    if layer is not None:
+        return layer
+    kw = {"num_layers": layers, "bias": bias, "batch_first": bf, "bidirectional": bidir}
+    if name == "lstm":
+        layer = LSTM(size, hidden, proj_size=proj, training=False, **kw)
+    elif name == "gru":
+        layer = GRU(size, hidden, training=False, **kw)
+    else:
+        layer = RNN(size, hidden, nonlinearity=name[4:], training=False, **kw)
+    if not torch.compiler.is_compiling():
+        if len(_STACKS) >= 64:
+            _STACKS.clear()
+        _STACKS[config] = layer
+    return layer

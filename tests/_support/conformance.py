@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
+from torch.utils._pytree import tree_leaves
 
 import functd as fd
 from functd._modules._call import ModuleKind
@@ -40,33 +41,13 @@ class _Custom(nn.Module):
         return torch.tanh(x @ self.w) * self.scale
 
 
-@dataclasses.dataclass(frozen=True)
-class _BatchFirstStates(fd.nn.Layer):
-    """A whole-sequence RNN/GRU/LSTM with flat outputs whose batch dim leads, as
-    ``fd.Module`` writes them into a TensorDict: ``(output, h_n[, c_n])`` with the
-    states' torch layout ``(layers * dirs, N, H)`` moved to ``(N, layers * dirs, H)``
-    for a batched input (an unbatched one, a sample under vmap, has no N)."""
-
-    inner: fd.nn.Layer
-
-    @property
-    def random(self):
-        return self.inner.random
-
-    def _specs(self):
-        return self.inner._specs()
-
-    def __call__(self, params, x, *, key=None):
-        out, state = self.inner(params, x, key=key)
-        states = state if isinstance(state, tuple) else (state,)
-        if x.dim() == 3:
-            states = tuple(s.movedim(1, 0) for s in states)
-        return (out, *states)
-
-
 def _adapt(layer):
+    """A whole-sequence RNN/GRU/LSTM with its states' batch dim in front
+    (``batch_first_state``), as ``fd.Module`` writes them into a TensorDict."""
     recurrent = (fd.nn.RNN, fd.nn.GRU, fd.nn.LSTM)
-    return _BatchFirstStates(layer) if isinstance(layer, recurrent) else layer
+    if isinstance(layer, recurrent):
+        return dataclasses.replace(layer, batch_first_state=True)
+    return layer
 
 
 def _layer_entry(name: str) -> Entry:
@@ -81,7 +62,7 @@ def _layer_entry(name: str) -> Entry:
     probe = layer(layer.init(0), *inputs(), key=fd.random.key(0)) if layer.random else None
     if probe is None:
         probe = layer(layer.init(0), *inputs())
-    n_out = len(probe) if isinstance(probe, tuple) else 1
+    n_out = len(tree_leaves(probe))  # LSTM's (out, (h, c)): 3, as fd.Module flattens it
     out_keys = [f"out{i}" for i in range(n_out)]
 
     def example():
