@@ -166,9 +166,11 @@ def _index(td: TensorDict, items: tuple) -> TensorDict:
         if new_bs is None:
             new_bs = shape[: len(shape) - extra]
         data[k] = r
-    if new_bs is None:  # no leaves: index a dummy of the batch shape
+    if new_bs is None:  # no leaves: index a dummy of the batch shape, one byte expanded
+        # (stride 0: ints and slices give a view, allocating nothing even for a huge batch)
         cpu_items = tuple(i.cpu() if isinstance(i, torch.Tensor) else i for i in items)
-        new_bs = torch.empty(td._batch_size, dtype=torch.uint8)[cpu_items].shape
+        dummy = torch.zeros((), dtype=torch.uint8).expand(td._batch_size)
+        new_bs = dummy[cpu_items].shape
     return td._from_parts(data, new_bs)
 
 
