@@ -66,7 +66,7 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], None], where: str) -> N
                 with contextlib.suppress(OSError, AttributeError):
                     os.fchmod(f.fileno(), mode)
             watched = _Watched(f)
-            write(watched)
+            write(watched)  # type: ignore[arg-type]  # a file-like that forwards the rest
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -92,7 +92,8 @@ class _Watched:
     which names no cause)."""
 
     def __init__(self, f: IO[bytes]) -> None:
-        self.f, self.error = f, None
+        self.f = f
+        self.error: OSError | None = None
 
     def write(self, data: Any) -> int:
         try:
