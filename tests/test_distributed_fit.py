@@ -8,8 +8,10 @@ read each rank's report.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +68,11 @@ def test_even_batches_without_len_train_as_lists(report):
     _ok(report, "even_generators_equal_lists")
 
 
+def test_fit_keeps_the_process_groups_timeout_unless_given_one(report):
+    # init_process_group(timeout=60 s); fit without timeout= kept it (it once set 300 s)
+    assert _ok(report, "fit_keeps_the_groups_timeout") == [[60.0], [60.0]]
+
+
 def test_different_batch_sizes_fail_at_the_first_step(report):
     for msg, steps in _ok(report, "different_batch_sizes"):
         assert "the ranks' batches differ at the first step of epoch 0" in msg
@@ -118,6 +125,42 @@ def test_a_stalled_rank_ends_every_rank_within_the_timeout_with_our_error(report
     assert waiting["missing"] == [1] and TIMEOUT * 0.9 <= waiting["waited"] <= TIMEOUT + 3
     assert "rank 0 gave up waiting in the all_reduce" in stalled["message"]
     assert "this rank came too late" in stalled["message"] and stalled["missing"] == []
+
+
+def stall_job(out: Path, world: int, timeout: float, stalled: int, *mode: str) -> list[dict]:
+    """tests/_support/dist_stall_worker.py: ``world`` gloo ranks forked from one process,
+    the group created with ``timeout`` and fit given none; rank ``stalled`` sleeps (or,
+    with ``"raise"``, raises) at step 2. Each rank's report."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [str(world), str(port), str(out), str(timeout), str(stalled), *mode]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests._support.dist_stall_worker", *args],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+def test_four_ranks_blame_the_rank_that_raised_within_the_groups_timeout(tmp_path):
+    """Rank 1 of 4 raises at step 2. Ranks 0 and 2 fail at once, rank 3 waits for the
+    group's own timeout (2 s, from init_process_group; fit once replaced it with 300 s),
+    and every one names rank 1's error, blaming no other rank (rank 3 was once blamed
+    by 0 and 2, and 0 and 2 by rank 3)."""
+    reports = stall_job(tmp_path, 4, 2.0, 1, "raise")
+    assert reports[1]["message"] == "ValueError: a bad batch"
+    for r in (0, 2, 3):
+        rep = reports[r]
+        assert rep["missing"] == [], (r, rep)
+        assert "rank 1 stopped at step 2: it raised ValueError: a bad batch" in rep["message"]
+        assert "did not answer" not in rep["message"] and "too late" not in rep["message"]
+        assert rep["waited"] < 2.0 + 4, (r, rep)
+    assert "did not complete within the timeout of 2 s" in reports[3]["message"]
 
 
 def test_torchrun_max_restarts_resumes_bitwise(tmp_path):
@@ -183,3 +226,20 @@ def test_which_rank_did_not_answer(notes, seconds, missing, says):
     err = _failure(notes, seconds, world=world)
     assert err.missing == missing and err.step == 5 and err.collective == "all_reduce"
     assert says in str(err) and "at step 5 (epoch 1)" in str(err)
+
+
+@pytest.mark.parametrize(
+    "notes, seconds",
+    [
+        ({1: "5|0|raised ValueError: bad", 3: "5|3.00|the all_reduce of w"}, 0.1),  # 3 timed out
+        ({1: "5|0|raised ValueError: bad", 2: "5|0.05|the all_reduce of w"}, 3.0),  # 3 waits
+        ({1: "5|0|raised ValueError: bad"}, 0.1),  # 2 and 3 still wait
+    ],
+)
+def test_a_rank_that_raised_is_blamed_and_not_its_victims(notes, seconds):
+    """4 ranks, rank 1 raised: whatever the others did since (gave up waiting, failed at
+    once, still wait), rank 0 names rank 1's error only."""
+    err = _failure(notes, seconds, world=4)
+    assert err.missing == [], str(err)
+    assert "rank 1 stopped at step 5: it raised ValueError: bad" in str(err)
+    assert "did not answer" not in str(err) and "too late" not in str(err)

@@ -400,7 +400,11 @@ class DataParallel:
         kinds = {r: self._kind(n) for r, n in (notes or {}).items()}
         quiet = [r for r in range(self.world) if r != self.rank and r not in kinds]
         late, missing = False, None
-        if notes is not None and self._timed_out(seconds):
+        if notes is not None and any(k[0] == "raised" for k in kinds.values()):
+            # a rank raised an error: it failed first, and every other failure follows
+            # from it (ranks that gave up waiting, failed fast or still wait are victims)
+            missing = []
+        elif notes is not None and self._timed_out(seconds):
             # ranks that failed fast came after this rank had given up
             missing = sorted(quiet + [r for r, k in kinds.items() if k[0] == "late"])
         elif notes is not None:
