@@ -22,10 +22,11 @@
   params and optimizer state, named by key path) and before each epoch (the
   number of batches and the layout of the first one; without ``len()``, one
   store round trip a step and an agreement at the end of the epoch).
-- ``timeout=`` is set on the process group for the run; a collective that
-  fails or times out raises :class:`~functd.distributed.CollectiveError`
-  naming the collective, the step and the ranks that did not answer (from
-  the notes the failing ranks leave in the store, see ``_faults``).
+- ``timeout=``, when given, is set on the process group for the run (else the
+  group's own applies); a collective that fails or times out raises
+  :class:`~functd.distributed.CollectiveError` naming the collective, the step
+  and the rank at fault (from the notes the failing ranks leave in the store,
+  see ``_faults``): a rank that raised, else the ranks that did not answer.
 
 Example:
     >>> local = fd.distributed.shard_batch(batch)   # this rank's rows
