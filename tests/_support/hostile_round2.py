@@ -254,7 +254,57 @@ def fsize_child(folder: str) -> dict:
     return out
 
 
-if __name__ == "__main__":
-    import sys
+# ----------------------------------------------------------------- killed writers
+def _checkpoint_forever(path: str, mb: int) -> None:
+    from functd._checkpoint import Checkpoints
 
-    print(json.dumps(fsize_child(sys.argv[1])))
+    ckpt = Checkpoints("fd.fit", path, keep=2)
+    state = {"x": torch.randn(mb << 18)}  # mb MB of float32
+    while True:
+        ckpt.write(state)
+
+
+def kill_checkpoints(folder: str, kills: int, mb: int, seed: int = 0) -> dict:
+    """SIGKILL a process checkpointing ``mb`` MB in a loop (``Checkpoints.write``, as
+    ``fit`` does), ``kills`` times at random moments of up to ~3 writes. After each kill:
+    how many of functd's temporary files are in the folder, and their bytes."""
+    import multiprocessing
+    import random
+    import signal
+    import time
+
+    rng = random.Random(seed)
+    path = os.path.join(folder, "ckpt.pt")
+    ctx = multiprocessing.get_context("fork")
+    counts, sizes, per_write = [], [], 0.03 * mb / 4 + 0.02
+    for _ in range(kills):
+        p = ctx.Process(target=_checkpoint_forever, args=(path, mb))
+        p.start()
+        time.sleep(rng.uniform(0.02, 3 * per_write))
+        os.kill(p.pid, signal.SIGKILL)
+        p.join()
+        temps = [n for n in os.listdir(folder) if n.endswith(".tmp") and ".fdsave-" in n]
+        counts.append(len(temps))
+        sizes.append(sum(os.path.getsize(os.path.join(folder, n)) for n in temps))
+    whole = True
+    try:
+        fd.load(path)
+    except Exception:
+        whole = False
+    return {"kills": kills, "temps_after_each_kill": counts, "most_bytes": max(sizes),
+            "inside_a_write": sum(c > 0 for c in counts), "newest_loads": whole}  # fmt: skip
+
+
+if __name__ == "__main__":
+    import argparse
+
+    a = argparse.ArgumentParser(description="the file size limit child, or the kill loop")
+    a.add_argument("folder")
+    a.add_argument("--kills", type=int, default=0)
+    a.add_argument("--mb", type=int, default=4)
+    a.add_argument("--seed", type=int, default=0)
+    args = a.parse_args()
+    if args.kills:
+        print(json.dumps(kill_checkpoints(args.folder, args.kills, args.mb, args.seed)))
+    else:
+        print(json.dumps(fsize_child(args.folder)))
