@@ -264,10 +264,12 @@ def _checkpoint_forever(path: str, mb: int) -> None:
         ckpt.write(state)
 
 
-def kill_checkpoints(folder: str, kills: int, mb: int, seed: int = 0) -> dict:
+def kill_checkpoints(folder: str, kills: int, mb: int, seed: int = 0, span: float = 3) -> dict:
     """SIGKILL a process checkpointing ``mb`` MB in a loop (``Checkpoints.write``, as
-    ``fit`` does), ``kills`` times at random moments of up to ~3 writes. After each kill:
-    how many of functd's temporary files are in the folder, and their bytes."""
+    ``fit`` does), ``kills`` times at random moments of about the first ``span`` writes.
+    After each kill: how many of functd's temporary files are in the folder, and their
+    bytes (``span=1``: most kills land inside a first write, as when a job is killed
+    again and again before its first checkpoint of a resumed run is written)."""
     import multiprocessing
     import random
     import signal
@@ -280,7 +282,7 @@ def kill_checkpoints(folder: str, kills: int, mb: int, seed: int = 0) -> dict:
     for _ in range(kills):
         p = ctx.Process(target=_checkpoint_forever, args=(path, mb))
         p.start()
-        time.sleep(rng.uniform(0.02, 3 * per_write))
+        time.sleep(rng.uniform(0.02, span * per_write))
         os.kill(p.pid, signal.SIGKILL)
         p.join()
         temps = [n for n in os.listdir(folder) if n.endswith(".tmp") and ".fdsave-" in n]
@@ -303,8 +305,9 @@ if __name__ == "__main__":
     a.add_argument("--kills", type=int, default=0)
     a.add_argument("--mb", type=int, default=4)
     a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--span", type=float, default=3.0)
     args = a.parse_args()
     if args.kills:
-        print(json.dumps(kill_checkpoints(args.folder, args.kills, args.mb, args.seed)))
+        print(json.dumps(kill_checkpoints(args.folder, args.kills, args.mb, args.seed, args.span)))
     else:
         print(json.dumps(fsize_child(args.folder)))
