@@ -130,13 +130,36 @@ def test_an_empty_tensordict_of_batch_2_40_loads_and_indexes_without_allocating(
     td = fd.load(path)["td"]
     got = [td[0], td[-1], td[3:9], td[None], td[torch.tensor([0, H.HUGE - 1])], td.unsqueeze(0)]
     got.append(td.reshape(1 << 20, -1)[5])
+    wide = fd.TensorDict({}, [4, H.HUGE])
+    got += [wide[torch.tensor([True, False, True, False])], wide[:, torch.tensor([[0, 7]])]]
     grown = H.peak_kb() - before
     assert [list(t.batch_size) for t in got] == [
-        [], [], [6], [1, H.HUGE], [2], [1, H.HUGE], [1 << 20],
+        [], [], [6], [1, H.HUGE], [2], [1, H.HUGE], [1 << 20], [2, H.HUGE], [4, 1, 2],
     ]  # fmt: skip
     assert grown < 16 << 10, f"the RSS grew by {grown} KB"  # today: a 1 TB allocation
     with pytest.raises(IndexError, match=r"1099511627776 is out of range for batch dim 0"):
         td[H.HUGE]
+    with pytest.raises(IndexError, match=r"index tensor holds values out of range for batch dim 1"):
+        wide[:, torch.tensor([0, H.HUGE])]
+
+
+_INDICES = [
+    (0,), (-1, slice(1, 3)), (None, Ellipsis, 2), (torch.tensor([1, 0, -1]),),
+    (slice(None), torch.tensor([[1], [0]]), None),
+    (torch.tensor([0, 1]), None, torch.tensor([[1], [2]])),
+    (torch.tensor([[True, False, True], [False, False, True]]),),
+    (1, torch.tensor([True, False, True])),
+    (Ellipsis, torch.tensor([], dtype=torch.long)), (torch.tensor(1), slice(None, None, 2)),
+    (torch.tensor(True), 0), (torch.tensor(False),),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("idx", _INDICES, ids=[str(i) for i in range(len(_INDICES))])
+def test_indexing_a_tensordict_without_leaves_gives_the_shape_a_tensor_gets(idx):
+    shape = torch.zeros(2, 3, 4)[idx].shape  # the reference: a tensor of the batch shape
+    assert fd.TensorDict({}, [2, 3, 4])[idx].batch_size == shape
+    nested = fd.TensorDict({"n": fd.TensorDict({}, [2, 3, 4])}, [2, 3, 4])
+    assert nested[idx]["n"].batch_size == shape
 
 
 @pytest.mark.parametrize("batch", [[1 << 70], [H.HUGE, H.HUGE]])
