@@ -130,7 +130,8 @@ def test_a_stalled_rank_ends_every_rank_within_the_timeout_with_our_error(report
 def stall_job(out: Path, world: int, timeout: float, stalled: int, *mode: str) -> list[dict]:
     """tests/_support/dist_stall_worker.py: ``world`` gloo ranks forked from one process,
     the group created with ``timeout`` and fit given none; rank ``stalled`` sleeps (or,
-    with ``"raise"``, raises) at step 2. Each rank's report."""
+    with ``"raise"``, raises, with ``"kill"``, is killed) at step 2. Each rank's report
+    (none for a killed rank)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -144,7 +145,8 @@ def stall_job(out: Path, world: int, timeout: float, stalled: int, *mode: str) -
         timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    reports = [out / f"rank{r}.json" for r in range(world)]
+    return [json.loads(p.read_text()) if p.exists() else None for p in reports]
 
 
 def test_four_ranks_blame_the_rank_that_raised_within_the_groups_timeout(tmp_path):
@@ -161,6 +163,20 @@ def test_four_ranks_blame_the_rank_that_raised_within_the_groups_timeout(tmp_pat
         assert "did not answer" not in rep["message"] and "too late" not in rep["message"]
         assert rep["waited"] < 2.0 + 4, (r, rep)
     assert "did not complete within the timeout of 2 s" in reports[3]["message"]
+
+
+def test_four_ranks_blame_a_killed_rank_and_not_its_victims(tmp_path):
+    """Rank 1 of 4 is SIGKILLed at step 2: ranks 0 and 2 fail at once (its connections
+    closed), rank 3 times out; the order of their failures (a counter in the store)
+    tells each that only rank 1 did not answer (once, 0 and 2 said they came too late
+    and rank 3 blamed 0, 1 and 2)."""
+    reports = stall_job(tmp_path, 4, 2.0, 1, "kill")
+    for r in (0, 2, 3):
+        rep = reports[r]
+        assert rep["missing"] == [1], (r, rep)
+        assert "rank 1 did not answer in time" in rep["message"], rep
+        assert "too late" not in rep["message"], rep
+        assert rep["waited"] < 2.0 + 4, (r, rep)
 
 
 def test_torchrun_max_restarts_resumes_bitwise(tmp_path):
@@ -184,28 +200,38 @@ def test_torchrun_max_restarts_resumes_bitwise(tmp_path):
 
 # ------------------------------------------------------------------ in this process
 class _Board:
-    def __init__(self, notes):
-        self.notes, self.posted = notes, []
+    def __init__(self, notes, mine=None):
+        self.notes, self.mine, self.posted, self.waited = notes, mine, [], None
 
     def post(self, name, value):
         self.posted.append(value)
 
-    def wait(self, name, seconds):
+    def add(self, name, amount):
+        assert (name, amount) == ("order", 1)
+        return self.mine
+
+    def wait(self, name, seconds, until=None):
+        self.waited = seconds
         return self.notes
 
 
-def _failure(notes, seconds, limit=3.0, world=2):
-    """DataParallel.failure of rank 0 at step 5, the others' notes given."""
+def _failure(notes, seconds, limit=3.0, world=2, mine=None):
+    """DataParallel.failure of rank 0 at step 5, the others' notes given; ``mine``:
+    the place of rank 0's failure in the store's counter (None: unknown)."""
     from functd.distributed._fit import DataParallel
 
     dp = object.__new__(DataParallel)
     dp.where, dp.world, dp.rank, dp.i, dp.epoch, dp.limit = "fd.fit(...)", world, 0, 5, 1, limit
-    dp.board = _Board(notes)
+    dp.board = _Board(notes, mine)
     cause = fd.distributed.CollectiveError(
         "x", where="w", collective="all_reduce", rank=0, seconds=seconds
     )
     err = dp.failure("the all_reduce of w", cause)
-    assert dp.board.posted == [f"5|{seconds:.2f}|the all_reduce of w"]
+    order = "" if mine is None else f"#{mine}"
+    assert dp.board.posted == [f"5|{seconds:.2f}{order}|the all_reduce of w"]
+    # a rank that timed out waits 2 s for the notes; one that failed fast, until the
+    # others still in the collective have timed out (its timeout + 2 s after entering)
+    assert dp.board.waited == (2.0 if seconds >= 0.9 * limit else max(2.0, limit - seconds + 2))
     return err
 
 
@@ -243,3 +269,32 @@ def test_a_rank_that_raised_is_blamed_and_not_its_victims(notes, seconds):
     assert err.missing == [], str(err)
     assert "rank 1 stopped at step 5: it raised ValueError: bad" in str(err)
     assert "did not answer" not in str(err) and "too late" not in str(err)
+
+
+_W = "the all_reduce of w"
+
+
+@pytest.mark.parametrize(
+    "notes, seconds, mine, missing, says",
+    [
+        # rank 1 was killed: ranks 0 and 2 failed at once (closed connections), rank 3
+        # timed out later; rank 0 blames rank 1 only, and did not come late
+        ({2: f"5|0.01#2|{_W}", 3: f"5|3.00#3|{_W}"}, 0.0, 1, [1], "rank 1 did not answer"),
+        # the same, seen by rank 0 that timed out last: 2 and 3 failed before it
+        ({2: f"5|0.01#1|{_W}", 3: f"5|0.02#2|{_W}"}, 3.0, 3, [1], "rank 1 did not answer"),
+        # rank 1 stalled: it failed fast after rank 0 had given up: it came late
+        ({1: f"5|0.00#4|{_W}", 2: f"5|3.00#2|{_W}", 3: f"5|3.00#3|{_W}"}, 3.0, 1, [1],
+         "rank 1 did not answer"),
+        # the stalled rank's own view: every other rank had given up before it failed
+        ({1: f"5|3.00#1|{_W}", 2: f"5|3.00#2|{_W}", 3: f"5|3.00#3|{_W}"}, 0.0, 4, [],
+         "this rank came too late"),
+    ],
+)  # fmt: skip
+def test_the_order_of_the_failures_tells_the_cause_from_its_victims(
+    notes, seconds, mine, missing, says
+):
+    err = _failure(notes, seconds, world=4, mine=mine)
+    assert err.missing == missing, str(err)
+    assert says in str(err)
+    if says != "this rank came too late":
+        assert "too late" not in str(err)

@@ -1,12 +1,13 @@
 """One rank of a gloo job where one rank stalls inside ``fd.fit(data_parallel=True)``
 (tests/test_distributed_fit.py, the 4-rank check; the larger runs of notes/reliability.md).
 
-Run as ``python -m tests._support.dist_stall_worker WORLD PORT OUT_DIR TIMEOUT STALLED [raise]``:
+Run as ``python -m tests._support.dist_stall_worker WORLD PORT OUT_DIR TIMEOUT STALLED [MODE]``
+(MODE: ``stall``, the default, ``raise`` or ``kill``):
 one process imports torch and functd, then forks the ranks (one import instead of
 ``WORLD``: a 4-rank job costs about what a 2-rank one does).
 The process group is created with ``timeout=TIMEOUT`` and ``fit`` is given none, so the
 group's timeout is the one in force; rank ``STALLED`` sleeps ``TIMEOUT + 3`` s in the loss
-of step 2. Each rank writes ``OUT_DIR/rank{r}.json``: its error's message, ``missing``
+of step 2 (or raises a ValueError, or SIGKILLs itself). Each rank writes ``OUT_DIR/rank{r}.json``: its error's message, ``missing``
 and how long it waited from entering the collective to the error.
 """
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import signal
 import sys
 import time
 
@@ -25,7 +27,7 @@ import functd as fd
 
 WORLD, PORT, OUT = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 TIMEOUT, STALLED = float(sys.argv[4]), int(sys.argv[5])
-RAISES = sys.argv[6:] == ["raise"]  # rank STALLED raises at step 2 instead of sleeping
+MODE = (sys.argv[6:] or ["stall"])[0]  # "raise" or "kill" (SIGKILL) instead of sleeping
 RANK = -1  # set in each forked rank
 
 
@@ -36,8 +38,10 @@ def run() -> dict:
 
     def loss_fn(params, batch, key):
         if RANK == STALLED and len(calls) == 2:
-            if RAISES:
+            if MODE == "raise":
                 raise ValueError("a bad batch")
+            if MODE == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(TIMEOUT + 3)
         calls.append(time.monotonic())
         return ((m(params, x=batch["x"]) - batch["y"]) ** 2).mean()
@@ -73,8 +77,8 @@ def rank_main() -> None:
     # rank 0's process serves the store: it stays until every rank wrote its report
     store.add("done", 1)
     if RANK == 0:
-        deadline = time.monotonic() + 60
-        while int(store.add("done", 0)) < WORLD and time.monotonic() < deadline:
+        deadline, alive = time.monotonic() + 60, WORLD - (MODE == "kill")
+        while int(store.add("done", 0)) < alive and time.monotonic() < deadline:
             time.sleep(0.05)
     sys.stdout.flush()
     os._exit(0)
@@ -99,7 +103,7 @@ def main() -> None:
         if pid == 0:
             time.sleep(0.05)
             continue
-        if status != 0:
+        if status != 0 and not (MODE == "kill" and pids[pid] == STALLED):
             failed.append(pids[pid])
         del pids[pid]
     for pid in pids:
