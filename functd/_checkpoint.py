@@ -20,6 +20,10 @@ most the epoch being written. Where hard links are not supported, ``path`` is
 renamed to ``path.1`` instead, and for a moment only ``path.1`` exists; resume
 still finds it.
 
+**Writers take turns.** Two processes checkpointing to one path (two jobs given the
+same folder) write one after the other: each write and rotation holds an advisory lock
+(``fcntl.flock``) on ``path + ".lock"``, a file that exists only during a write.
+
 **Resume** tries ``path``, ``path.1``, ... in that order and takes the first
 that loads (a file that does not load is skipped with a warning). A checkpoint
 whose ``run`` differs from this run's is refused with an error naming the
@@ -32,13 +36,17 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from torch import Tensor
 
+from ._td._atomic import FULL_ERRNOS as _FULL
 from ._td._atomic import fsync_folder
 from ._td._io import load, save
 from ._td._tree import tree as fdtree
@@ -149,7 +157,29 @@ class Checkpoints:
         return None
 
     def write(self, state: dict) -> None:
-        """Write ``state`` as the newest checkpoint and rotate the older ones."""
+        """Write ``state`` as the newest checkpoint and rotate the older ones.
+
+        Processes writing the same path take turns (an advisory lock on
+        ``path + ".lock"``, POSIX): each write and rotation is whole.
+
+        Raises:
+            OSError: the device is full or the file size limit reached (the message
+                says which, with the path); the checkpoints already there are unchanged.
+        """
+        try:
+            with _locked(self.path, self.store.collective):
+                self._write(state)
+        except OSError as e:
+            if e.errno not in _FULL:
+                raise
+            raise OSError(
+                e.errno,
+                f"{self.where}: the checkpoint {self.path!r} could not be written: "
+                f"{e.strerror} The checkpoints already written are unchanged; resume=True "
+                "continues from the newest of them.",
+            ) from e
+
+    def _write(self, state: dict) -> None:
         tmp = self.path + ".tmp"
         self.store.save(state, tmp)  # atomic and fsynced: complete before rotating
         if not self.store.main():  # DCP: the other ranks wrote their shards
@@ -208,6 +238,47 @@ class Checkpoints:
                 "fd.load and pass its params to a new fit."
             )
         return state
+
+
+@contextlib.contextmanager
+def _locked(path: str, collective: bool) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path + ".lock"``, a file that exists only while
+    a writer holds it (it is removed under the lock; a writer that locked a file
+    already removed tries again, so two writers never hold two different files).
+    Without ``fcntl`` (Windows), for collective stores (every rank writes a part) or
+    where the file system refuses locks, nothing is locked."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows
+        yield
+        return
+    if collective:
+        yield
+        return
+    name = path + ".lock"
+    while True:
+        fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # waits for the writer in progress, if any
+        except OSError as e:
+            os.close(fd)
+            if e.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.EBADF):
+                raise
+            yield  # a file system without locks: write unlocked, as before
+            return
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(name))
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder before removed this file: lock the new one
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(name)
+        os.close(fd)  # releases the lock
 
 
 def _move(src: str, dst: str) -> None:

@@ -174,7 +174,7 @@ def fit(
     checkpoint: str | os.PathLike | None = None,
     resume: bool = False,
     keep: int = 2,
-    timeout: float | datetime.timedelta | None = 300.0,
+    timeout: float | datetime.timedelta | None = None,
 ) -> tuple[TensorDict, TensorDict, TensorDict]:
     """Run ``step`` over ``batches`` for ``epochs`` epochs; return the history too.
 
@@ -214,7 +214,7 @@ def fit(
         timeout: data-parallel only: seconds (or a timedelta) any collective may wait,
             set on the process group for the run (restored after); a timeout raises
             ``fd.distributed.CollectiveError`` naming the collective, the step and the
-            ranks that did not answer. ``None`` keeps the group's own.
+            ranks at fault. ``None`` (default): the group's own (``init_process_group``'s).
 
     Returns:
         ``(params, opt_state, history)``, ``history`` every step's metrics (``[steps]``).

@@ -8,8 +8,10 @@ read each rank's report.
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -66,6 +68,11 @@ def test_even_batches_without_len_train_as_lists(report):
     _ok(report, "even_generators_equal_lists")
 
 
+def test_fit_keeps_the_process_groups_timeout_unless_given_one(report):
+    # init_process_group(timeout=60 s); fit without timeout= kept it (it once set 300 s)
+    assert _ok(report, "fit_keeps_the_groups_timeout") == [[60.0], [60.0]]
+
+
 def test_different_batch_sizes_fail_at_the_first_step(report):
     for msg, steps in _ok(report, "different_batch_sizes"):
         assert "the ranks' batches differ at the first step of epoch 0" in msg
@@ -120,6 +127,58 @@ def test_a_stalled_rank_ends_every_rank_within_the_timeout_with_our_error(report
     assert "this rank came too late" in stalled["message"] and stalled["missing"] == []
 
 
+def stall_job(out: Path, world: int, timeout: float, stalled: int, *mode: str) -> list[dict]:
+    """tests/_support/dist_stall_worker.py: ``world`` gloo ranks forked from one process,
+    the group created with ``timeout`` and fit given none; rank ``stalled`` sleeps (or,
+    with ``"raise"``, raises, with ``"kill"``, is killed) at step 2. Each rank's report
+    (none for a killed rank)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = [str(world), str(port), str(out), str(timeout), str(stalled), *mode]
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests._support.dist_stall_worker", *args],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = [out / f"rank{r}.json" for r in range(world)]
+    return [json.loads(p.read_text()) if p.exists() else None for p in reports]
+
+
+def test_four_ranks_blame_the_rank_that_raised_within_the_groups_timeout(tmp_path):
+    """Rank 1 of 4 raises at step 2. Ranks 0 and 2 fail at once, rank 3 waits for the
+    group's own timeout (2 s, from init_process_group; fit once replaced it with 300 s),
+    and every one names rank 1's error, blaming no other rank (rank 3 was once blamed
+    by 0 and 2, and 0 and 2 by rank 3)."""
+    reports = stall_job(tmp_path, 4, 2.0, 1, "raise")
+    assert reports[1]["message"] == "ValueError: a bad batch"
+    for r in (0, 2, 3):
+        rep = reports[r]
+        assert rep["missing"] == [], (r, rep)
+        assert "rank 1 stopped at step 2: it raised ValueError: a bad batch" in rep["message"]
+        assert "did not answer" not in rep["message"] and "too late" not in rep["message"]
+        assert rep["waited"] < 2.0 + 4, (r, rep)
+    assert "did not complete within the timeout of 2 s" in reports[3]["message"]
+
+
+def test_four_ranks_blame_a_killed_rank_and_not_its_victims(tmp_path):
+    """Rank 1 of 4 is SIGKILLed at step 2: ranks 0 and 2 fail at once (its connections
+    closed), rank 3 times out; the order of their failures (a counter in the store)
+    tells each that only rank 1 did not answer (once, 0 and 2 said they came too late
+    and rank 3 blamed 0, 1 and 2)."""
+    reports = stall_job(tmp_path, 4, 2.0, 1, "kill")
+    for r in (0, 2, 3):
+        rep = reports[r]
+        assert rep["missing"] == [1], (r, rep)
+        assert "rank 1 did not answer in time" in rep["message"], rep
+        assert "too late" not in rep["message"], rep
+        assert rep["waited"] < 2.0 + 4, (r, rep)
+
+
 def test_torchrun_max_restarts_resumes_bitwise(tmp_path):
     """torchrun restarts both ranks after rank 1 is SIGKILLed at step 7 (epoch 2);
     the restarted ranks resume from the checkpoint of epoch 1 and then compare
@@ -141,28 +200,38 @@ def test_torchrun_max_restarts_resumes_bitwise(tmp_path):
 
 # ------------------------------------------------------------------ in this process
 class _Board:
-    def __init__(self, notes):
-        self.notes, self.posted = notes, []
+    def __init__(self, notes, mine=None):
+        self.notes, self.mine, self.posted, self.waited = notes, mine, [], None
 
     def post(self, name, value):
         self.posted.append(value)
 
-    def wait(self, name, seconds):
+    def add(self, name, amount):
+        assert (name, amount) == ("order", 1)
+        return self.mine
+
+    def wait(self, name, seconds, until=None):
+        self.waited = seconds
         return self.notes
 
 
-def _failure(notes, seconds, limit=3.0, world=2):
-    """DataParallel.failure of rank 0 at step 5, the others' notes given."""
+def _failure(notes, seconds, limit=3.0, world=2, mine=None):
+    """DataParallel.failure of rank 0 at step 5, the others' notes given; ``mine``:
+    the place of rank 0's failure in the store's counter (None: unknown)."""
     from functd.distributed._fit import DataParallel
 
     dp = object.__new__(DataParallel)
     dp.where, dp.world, dp.rank, dp.i, dp.epoch, dp.limit = "fd.fit(...)", world, 0, 5, 1, limit
-    dp.board = _Board(notes)
+    dp.board = _Board(notes, mine)
     cause = fd.distributed.CollectiveError(
         "x", where="w", collective="all_reduce", rank=0, seconds=seconds
     )
     err = dp.failure("the all_reduce of w", cause)
-    assert dp.board.posted == [f"5|{seconds:.2f}|the all_reduce of w"]
+    order = "" if mine is None else f"#{mine}"
+    assert dp.board.posted == [f"5|{seconds:.2f}{order}|the all_reduce of w"]
+    # a rank that timed out waits 2 s for the notes; one that failed fast, until the
+    # others still in the collective have timed out (its timeout + 2 s after entering)
+    assert dp.board.waited == (2.0 if seconds >= 0.9 * limit else max(2.0, limit - seconds + 2))
     return err
 
 
@@ -183,3 +252,49 @@ def test_which_rank_did_not_answer(notes, seconds, missing, says):
     err = _failure(notes, seconds, world=world)
     assert err.missing == missing and err.step == 5 and err.collective == "all_reduce"
     assert says in str(err) and "at step 5 (epoch 1)" in str(err)
+
+
+@pytest.mark.parametrize(
+    "notes, seconds",
+    [
+        ({1: "5|0|raised ValueError: bad", 3: "5|3.00|the all_reduce of w"}, 0.1),  # 3 timed out
+        ({1: "5|0|raised ValueError: bad", 2: "5|0.05|the all_reduce of w"}, 3.0),  # 3 waits
+        ({1: "5|0|raised ValueError: bad"}, 0.1),  # 2 and 3 still wait
+    ],
+)
+def test_a_rank_that_raised_is_blamed_and_not_its_victims(notes, seconds):
+    """4 ranks, rank 1 raised: whatever the others did since (gave up waiting, failed at
+    once, still wait), rank 0 names rank 1's error only."""
+    err = _failure(notes, seconds, world=4)
+    assert err.missing == [], str(err)
+    assert "rank 1 stopped at step 5: it raised ValueError: bad" in str(err)
+    assert "did not answer" not in str(err) and "too late" not in str(err)
+
+
+_W = "the all_reduce of w"
+
+
+@pytest.mark.parametrize(
+    "notes, seconds, mine, missing, says",
+    [
+        # rank 1 was killed: ranks 0 and 2 failed at once (closed connections), rank 3
+        # timed out later; rank 0 blames rank 1 only, and did not come late
+        ({2: f"5|0.01#2|{_W}", 3: f"5|3.00#3|{_W}"}, 0.0, 1, [1], "rank 1 did not answer"),
+        # the same, seen by rank 0 that timed out last: 2 and 3 failed before it
+        ({2: f"5|0.01#1|{_W}", 3: f"5|0.02#2|{_W}"}, 3.0, 3, [1], "rank 1 did not answer"),
+        # rank 1 stalled: it failed fast after rank 0 had given up: it came late
+        ({1: f"5|0.00#4|{_W}", 2: f"5|3.00#2|{_W}", 3: f"5|3.00#3|{_W}"}, 3.0, 1, [1],
+         "rank 1 did not answer"),
+        # the stalled rank's own view: every other rank had given up before it failed
+        ({1: f"5|3.00#1|{_W}", 2: f"5|3.00#2|{_W}", 3: f"5|3.00#3|{_W}"}, 0.0, 4, [],
+         "this rank came too late"),
+    ],
+)  # fmt: skip
+def test_the_order_of_the_failures_tells_the_cause_from_its_victims(
+    notes, seconds, mine, missing, says
+):
+    err = _failure(notes, seconds, world=4, mine=mine)
+    assert err.missing == missing, str(err)
+    assert says in str(err)
+    if says != "this rank came too late":
+        assert "too late" not in str(err)

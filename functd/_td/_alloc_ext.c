@@ -134,7 +134,7 @@ static PyObject *py_init_batch1(PyObject *self, PyObject *const *args, Py_ssize_
   int overflow;
   long long b0 = PyLong_AsLongLongAndOverflow(b, &overflow);
   if (b0 == -1 && PyErr_Occurred()) return NULL;
-  if (overflow < 0 || (!overflow && b0 < 0)) Py_RETURN_FALSE;
+  if (overflow || b0 < 0) Py_RETURN_FALSE; /* a dim past 2**63 - 1: the general path refuses it */
   Py_ssize_t pos = 0;
   PyObject *k, *v;
   while (PyDict_Next(source, &pos, &k, &v)) {

@@ -59,6 +59,7 @@ def _fast_leaves(source: dict, bs: torch.Size) -> dict | None:
 
 
 _EMPTY_SIZE = torch.Size([])
+_MAX_NUMEL = (1 << 63) - 1  # the most elements a torch.Size counts
 
 
 def _check_batch_size(batch_size) -> torch.Size:
@@ -66,7 +67,7 @@ def _check_batch_size(batch_size) -> torch.Size:
         return _EMPTY_SIZE
     if type(batch_size) is list and len(batch_size) == 1:  # the common ``[n]``
         d = batch_size[0]
-        if type(d) is int and d >= 0:
+        if type(d) is int and 0 <= d <= _MAX_NUMEL:
             return torch.Size(batch_size)
     if isinstance(batch_size, torch.Size):
         return batch_size
@@ -74,11 +75,19 @@ def _check_batch_size(batch_size) -> torch.Size:
         batch_size = [batch_size]
     if not isinstance(batch_size, Sequence) or isinstance(batch_size, str):
         raise TypeError(E.BAD_BATCH.format(batch_size=batch_size))
+    numel = 1
     for d in batch_size:
         if isinstance(d, bool) or not isinstance(d, int | torch.SymInt) or d < 0:
             raise (ValueError if isinstance(d, int) else TypeError)(
                 E.BAD_BATCH.format(batch_size=batch_size)
             )
+        if type(d) is int:
+            numel *= d
+    if numel > _MAX_NUMEL:  # torch.Size would wrap its numel() around (to 0 or negative)
+        raise ValueError(
+            f"batch_size {list(batch_size)} has {numel} elements, more than torch can index "
+            "(2**63 - 1); give a smaller batch size."
+        )
     return torch.Size(batch_size)
 
 

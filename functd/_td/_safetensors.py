@@ -50,6 +50,9 @@ SUFFIX = ".safetensors"
 META_TREE = "functd"
 META_CRC = "functd.crc32"
 _SCALARS = (bool, int, float, str)
+#: The deepest nesting ``fd.load`` reads from a file's tree (or a tensor's dotted name);
+#: deeper is refused as forged (real trees nest a few levels; Python's stack would not).
+MAX_DEPTH = 100
 
 
 def _require(where: str) -> Any:
@@ -122,6 +125,8 @@ def _describe(x: Any, path: tuple, tensors: dict, paths: dict, where: str) -> di
 
 
 def _show(path: tuple) -> str:
+    if len(path) > 8:  # a forged file's deep path: its start and its depth
+        return f"the key path {path[:4]}... ({len(path)} levels deep)"
     return "the root" if not path else f"the key path {path}"
 
 
@@ -129,33 +134,87 @@ def tree_json(tree: dict) -> str:
     return json.dumps({"version": 1, "tree": tree}, separators=(",", ":"))
 
 
-def rebuild(tree: dict, tensors: dict[str, Any], where: str) -> Any:
-    """The tree ``flat_names`` described, with the tensors looked up by name."""
+def rebuild(tree: Any, tensors: dict[str, Any], where: str) -> Any:
+    """The tree ``flat_names`` described, with the tensors looked up by name.
+
+    The description comes from a file, so every node is checked: a node of another
+    shape, a batch size that is not a list of ints, a value that is not a JSON scalar
+    or nesting deeper than ``MAX_DEPTH`` is a ``ValueError`` naming the key path
+    (never a raw ``TypeError`` or ``RecursionError``).
+
+    Raises:
+        ValueError: the description is damaged or forged, or names a missing tensor.
+    """
+    return _rebuild(tree, tensors, where, ())
+
+
+def _rebuild(tree: Any, tensors: dict[str, Any], where: str, path: tuple) -> Any:
+    if len(path) > MAX_DEPTH:
+        raise _forged(where, path[:MAX_DEPTH], f"it nests deeper than {MAX_DEPTH} levels")
     kind = tree.get("t") if isinstance(tree, dict) else None
     if kind == "tensor":
-        name = tree["name"]
+        name = tree.get("name")
+        if not isinstance(name, str):
+            raise _forged(where, path, f"a tensor node names {_short(name)}, not a str")
         if name not in tensors:
             raise ValueError(f"{where}: the file's tree names the tensor {name!r}, which it lacks.")
         return tensors[name]
-    if kind == "td":
-        data = {k: rebuild(v, tensors, where) for k, v in tree["items"]}
-        return TensorDict(data, batch_size=tree["batch"])
-    if kind == "dict":
-        return {k: rebuild(v, tensors, where) for k, v in tree["items"]}
+    if kind in ("td", "dict"):
+        data = {k: _rebuild(v, tensors, where, (*path, k)) for k, v in _pairs(tree, where, path)}
+        if kind == "dict":
+            return data
+        batch = tree.get("batch")
+        if not isinstance(batch, list) or len(batch) > MAX_DEPTH:
+            raise _forged(where, path, f"a TensorDict's batch size is {_short(batch)}")
+        try:
+            return TensorDict(data, batch_size=batch)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise _forged(where, path, f"it is not a valid TensorDict ({e})") from None
     if kind in ("list", "tuple"):
-        items = [rebuild(v, tensors, where) for v in tree["items"]]
-        return items if kind == "list" else tuple(items)
+        items = tree.get("items")
+        if not isinstance(items, list):
+            raise _forged(where, path, f"a {kind}'s items are {_short(items)}, not a list")
+        out = [_rebuild(v, tensors, where, (*path, str(i))) for i, v in enumerate(items)]
+        return out if kind == "list" else tuple(out)
     if kind == "value":
-        return tree["value"]
-    raise ValueError(f"{where}: the file's tree description is damaged (a node {tree!r}).")
+        value = tree.get("value")
+        if value is not None and type(value) not in _SCALARS:
+            raise _forged(where, path, f"a value node holds {_short(value)}")
+        return value
+    raise _forged(where, path, f"a node is {_short(tree)}")
 
 
-def parse_tree(text: str, where: str) -> dict:
+def _pairs(tree: dict, where: str, path: tuple) -> list:
+    """The ``[key, node]`` items of a TensorDict or dict node, checked."""
+    items = tree.get("items")
+    if not isinstance(items, list):
+        raise _forged(where, path, f"the items are {_short(items)}, not a list")
+    for item in items:
+        if not (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)):
+            raise _forged(where, path, f"an item is {_short(item)}, not a [str key, node] pair")
+    return items
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _forged(where: str, path: tuple, what: str) -> ValueError:
+    return ValueError(
+        f"{where}: the file's functd metadata (the tree it describes) is damaged or forged at "
+        f"{_show(path)}: {what}. fd.save never writes that; use an intact copy of the file."
+    )
+
+
+def parse_tree(text: Any, where: str) -> Any:
     try:
         doc = json.loads(text)
         if doc.get("version") != 1:
             raise ValueError(f"version {doc.get('version')!r}")
         return doc["tree"]
+    except RecursionError:
+        raise _forged(where, (), "its JSON nests too deeply to be read") from None
     except (ValueError, KeyError, AttributeError, TypeError) as e:
         raise ValueError(
             f"{where}: the file's functd metadata is not one this version reads ({e})."
@@ -166,7 +225,12 @@ def nested(tensors: dict[str, Any], where: str) -> TensorDict:
     """A flat ``state_dict`` as a nested TensorDict of batch size ``[]`` (split at dots)."""
     root: dict[str, Any] = {}
     for name, t in tensors.items():
-        *parents, last = name.split(".")
+        *parents, last = name.split(".", MAX_DEPTH + 1)
+        if len(parents) > MAX_DEPTH:
+            raise ValueError(
+                f"{where}: the tensor name {_short(name)} has more than {MAX_DEPTH} dotted "
+                "parts, which no model has; the file is damaged or forged."
+            )
         node = root
         for i, p in enumerate(parents):
             node = node.setdefault(p, {})
@@ -289,12 +353,26 @@ def load(path: str, map_location: Any = None, where: str | None = None) -> Any:
 def _verify(meta: dict, tensors: dict, where: str) -> None:
     if META_CRC not in meta:
         return
+    damaged = f"{where}: the file's checksums (metadata {META_CRC!r}) are damaged or forged"
     try:
         crcs = json.loads(meta[META_CRC])
-    except ValueError:
-        raise ValueError(f"{where}: the file's checksums (metadata) are damaged.") from None
+    except (ValueError, RecursionError):
+        raise ValueError(f"{damaged}: they are not valid JSON. Use an intact copy.") from None
+    if not isinstance(crcs, dict):
+        raise ValueError(
+            f"{damaged}: a JSON object of tensor names to CRC-32s was expected, got a "
+            f"{type(crcs).__name__}. Use an intact copy."
+        )
     for name, t in tensors.items():
-        if name in crcs and crcs[name] != _crc(t):
+        if name not in crcs:
+            continue
+        crc = crcs[name]
+        if type(crc) is not int or not 0 <= crc < 1 << 32:
+            raise ValueError(
+                f"{damaged}: the CRC-32 of {name!r} is {_short(crc)}, not an int in "
+                "[0, 2**32). Use an intact copy."
+            )
+        if crc != _crc(t):
             raise ValueError(
                 f"{where}: the tensor {name!r} is damaged (its CRC-32 does not match the one "
                 "written with it); the file was changed or corrupted after fd.save."

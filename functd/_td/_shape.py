@@ -166,10 +166,45 @@ def _index(td: TensorDict, items: tuple) -> TensorDict:
         if new_bs is None:
             new_bs = shape[: len(shape) - extra]
         data[k] = r
-    if new_bs is None:  # no leaves: index a dummy of the batch shape
-        cpu_items = tuple(i.cpu() if isinstance(i, torch.Tensor) else i for i in items)
-        new_bs = torch.empty(td._batch_size, dtype=torch.uint8)[cpu_items].shape
+    if new_bs is None:  # no leaves: the batch size a tensor of the batch shape would get
+        new_bs = _leafless_shape(td._batch_size, items)
     return td._from_parts(data, new_bs)
+
+
+def _leafless_shape(bs: torch.Size, items: tuple) -> torch.Size:
+    """``torch.empty(bs)[items].shape``, allocating nothing even for a huge (forged)
+    batch: a stride-0 dummy for ints, slices and None (a view); on the meta device
+    when index tensors are used (masks as their ``nonzero()``), their values checked
+    against their batch dim here."""
+    cpu = [i.cpu() if isinstance(i, torch.Tensor) else i for i in items]
+    scalar_mask = any(
+        isinstance(i, torch.Tensor) and i.ndim == 0 and i.dtype == torch.bool for i in cpu
+    )
+    if (
+        scalar_mask
+        or torch.compiler.is_compiling()
+        or not any(isinstance(i, torch.Tensor) for i in cpu)
+    ):
+        return torch.zeros((), dtype=torch.uint8).expand(bs)[tuple(cpu)].shape
+    meta: list[Any] = []
+    d = 0
+    for it in cpu:
+        if not isinstance(it, torch.Tensor):
+            meta.append(it)
+            d += it is not None
+            continue
+        if it.dtype == torch.bool:  # its shape was checked: the dims it covers
+            meta.extend(t.to("meta") for t in it.nonzero(as_tuple=True))
+            d += it.ndim
+            continue
+        if it.numel() and not (-bs[d] <= int(it.min()) and int(it.max()) < bs[d]):
+            raise IndexError(
+                f"an index tensor holds values out of range for batch dim {d} of size {bs[d]} "
+                f"(valid: {-bs[d]} to {bs[d] - 1})"
+            )
+        meta.append(int(it) if it.ndim == 0 else it.to("meta"))  # a 0-d one: an int
+        d += 1
+    return torch.empty(bs, dtype=torch.uint8, device="meta")[tuple(meta)].shape
 
 
 def _check_same_keys(tds: Sequence[TensorDict], where: str, prefix: tuple = ()) -> None:

@@ -478,7 +478,7 @@ def _init_batch1(td: TensorDict, source: dict, batch_size: Any) -> bool:
     if type(batch_size) is not list or len(batch_size) != 1:
         return False
     b0 = batch_size[0]
-    if type(b0) is not int or b0 < 0:
+    if type(b0) is not int or b0 < 0 or b0 >= 1 << 63:  # past int64: the general path refuses
         return False
     bs = _SIZES.get(b0) or _size1(b0)
     data = _fast_leaves(source, bs)

@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -133,13 +134,17 @@ class Board:
             return None
         return notes
 
-    def wait(self, name: str, seconds: float) -> dict[int, str] | None:
-        """The other ranks' notes ``name``, polled until every rank wrote one or
-        ``seconds`` passed."""
+    def wait(
+        self, name: str, seconds: float, until: Callable[[dict[int, str]], bool] | None = None
+    ) -> dict[int, str] | None:
+        """The other ranks' notes ``name``, polled until every rank wrote one,
+        ``until(notes)`` holds or ``seconds`` passed."""
         deadline = time.monotonic() + seconds
         while True:
             notes = self.read(name)
             if notes is None or len(notes) == self.world - 1 or time.monotonic() > deadline:
+                return notes
+            if until is not None and until(notes):
                 return notes
             time.sleep(0.05)
 

@@ -22,10 +22,11 @@
   params and optimizer state, named by key path) and before each epoch (the
   number of batches and the layout of the first one; without ``len()``, one
   store round trip a step and an agreement at the end of the epoch).
-- ``timeout=`` is set on the process group for the run; a collective that
-  fails or times out raises :class:`~functd.distributed.CollectiveError`
-  naming the collective, the step and the ranks that did not answer (from
-  the notes the failing ranks leave in the store, see ``_faults``).
+- ``timeout=``, when given, is set on the process group for the run (else the
+  group's own applies); a collective that fails or times out raises
+  :class:`~functd.distributed.CollectiveError` naming the collective, the step
+  and the rank at fault (from the notes the failing ranks leave in the store,
+  see ``_faults``): a rank that raised, else the ranks that did not answer.
 
 Example:
     >>> local = fd.distributed.shard_batch(batch)   # this rank's rows
@@ -391,20 +392,43 @@ class DataParallel:
             raise self.failure(what, e) from (e.__cause__ or e)
 
     def failure(self, what: str, e: CollectiveError) -> CollectiveError:
-        """The error of a failed collective, naming the step and the ranks that did
-        not answer, from the notes the failing ranks leave in the store (this rank
-        waits up to GRACE_S for the others' notes)."""
+        """The error of a failed collective, naming the step and the rank at fault, from
+        the notes the failing ranks leave in the store: a rank that raised; else the
+        ranks without a note, and those that failed fast *after* this rank timed out
+        (they came late). Each note carries its failure's place in a store counter,
+        so a rank's failure caused by another's (a closed connection) is not blamed.
+        A rank that timed out waits up to GRACE_S for the notes; one that failed fast
+        (a peer's connection closed) waits until the ranks still in the collective
+        have timed out too (at most the timeout + GRACE_S after it entered)."""
         seconds = e.seconds or 0.0
-        self.board.post("down", f"{self.i}|{seconds:.2f}|{what}")
-        notes = self.board.wait("down", GRACE_S)
+        mine = self.board.add("order", 1)  # this failure's place (None: unknown)
+        self.board.post(
+            "down", f"{self.i}|{seconds:.2f}{'' if mine is None else f'#{mine}'}|{what}"
+        )
+        patience = GRACE_S
+        if self.limit is not None and not self._timed_out(seconds):
+            patience = max(GRACE_S, self.limit - seconds + GRACE_S)
+        notes = self.board.wait("down", patience, until=_a_rank_raised)
         kinds = {r: self._kind(n) for r, n in (notes or {}).items()}
+        order = {r: _order(n) for r, n in (notes or {}).items()}
         quiet = [r for r in range(self.world) if r != self.rank and r not in kinds]
+
+        def before_me(r: int) -> bool | None:  # None: unknown (a note of an older version)
+            return None if mine is None or order[r] is None else order[r] < mine  # type: ignore[operator]
+
         late, missing = False, None
-        if notes is not None and self._timed_out(seconds):
-            # ranks that failed fast came after this rank had given up
-            missing = sorted(quiet + [r for r, k in kinds.items() if k[0] == "late"])
+        if notes is not None and any(k[0] == "raised" for k in kinds.values()):
+            # a rank raised an error: it failed first, and every other failure follows
+            # from it (ranks that gave up waiting, failed fast or still wait are victims)
+            missing = []
+        elif notes is not None and self._timed_out(seconds):
+            # ranks that failed fast after this rank had given up came late; those that
+            # failed fast before (a peer's connection closed) are victims
+            came_late = [r for r, k in kinds.items() if k[0] == "late" and not before_me(r)]
+            missing = sorted(quiet + came_late)
         elif notes is not None:
-            late = any(k[0] == "gave up" for k in kinds.values())
+            # this rank came late if a rank had given up waiting before it failed
+            late = any(k[0] == "gave up" and before_me(r) is not False for r, k in kinds.items())
             missing = [] if late else quiet
         head = f"{self.where}: on rank {self.rank}, {what} at step {self.i} (epoch {self.epoch}) "
         if self._timed_out(seconds):
@@ -433,10 +457,21 @@ class DataParallel:
         if what.startswith("raised "):
             return "raised", step, what
         try:
-            gave_up = self._timed_out(float(seconds))
+            gave_up = self._timed_out(float(seconds.partition("#")[0]))
         except ValueError:  # not a note of this version
             gave_up = False
         return ("gave up" if gave_up else "late"), step, what
+
+
+def _a_rank_raised(notes: dict[int, str]) -> bool:
+    return any(n.partition("|")[2].partition("|")[2].startswith("raised ") for n in notes.values())
+
+
+def _order(note: str) -> int | None:
+    """The failure's place in the store's counter (``seconds#order`` field), if any."""
+    field = note.partition("|")[2].partition("|")[0]
+    _, sep, order = field.partition("#")
+    return int(order) if sep and order.isdigit() else None
 
 
 def _who(kinds: dict | None, missing: list | None, late: bool) -> str:

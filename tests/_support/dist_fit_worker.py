@@ -140,6 +140,23 @@ def even_generators_equal_lists():
     assert get_timeout(dist.group.WORLD) == datetime.timedelta(seconds=60)
 
 
+@check
+def fit_keeps_the_groups_timeout():
+    """Without timeout=, fit's collectives wait as long as the group was told (60 s at
+    init_process_group), not a timeout of fit's own."""
+    from functd.distributed._group import get_timeout
+
+    step, params, state = setup()
+    seen = []
+
+    def batches(epoch):
+        seen.append(get_timeout(dist.group.WORLD).total_seconds())  # during the run
+        return [batch(i) for i in range(2)]
+
+    fd.fit(step, params, state, batches, fd.random.key(1), progress=False, data_parallel=True)
+    return seen
+
+
 # ------------------------------------------------------------------ layouts
 @check
 def different_batch_sizes():
