@@ -53,7 +53,7 @@ typecheck: $(STAMP)
 # fresh clone it installs just those, so `make docs` alone stays well under two minutes.
 # A later `make test` adds the rest to the same .venv.
 DOCS_STAMP := $(VENV)/.installed-docs-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
-$(DOCS_STAMP): pyproject.toml setup.py functd/_fused_ext.c
+$(DOCS_STAMP): pyproject.toml setup.py functd/_fused_ext.c functd/_td/_alloc_ext.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[docs,models]"
