@@ -7,9 +7,9 @@ expected values are optax's.
 optax's freeze and selective_transform tests (_freezing_test.py) are written as the
 compositions those two are (masked + set_to_zero, multi_transform + set_to_zero).
 
-Not translated (see the report of issue 38): ``test_tree_map_params`` (no
-``map_params`` here yet, and no ``MaskedNode`` placeholders: the inner state
-holds the selected leaves only), ``test_mask_compatible_callable_pytree``
+Not translated: ``test_tree_map_params`` (functd's ``tree_map_params`` leaves
+``masked`` states unmapped, and there are no ``MaskedNode`` placeholders: the inner
+state holds the selected leaves only), ``test_mask_compatible_callable_pytree``
 (equinox modules as masks; a functd mask is a dict or a function), the
 ``use_fn`` cases of ``test_tree_mismatch_fails`` (a functd mask function is
 asked per leaf, so it has no tree to mismatch).
