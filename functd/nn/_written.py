@@ -1,0 +1,114 @@
+"""Buffers a torch module writes in ``forward``: which are state, and catching the others.
+
+``FunctionalCall`` runs a torch module on clones of its buffers. A forward that
+writes a buffer (in place: ``add_``, ``copy_``, ``out=``, BatchNorm's kernel; or
+by assignment, ``self.buf = ...``) writes the clone. The buffers known to be
+written, its *state*, come back as ``new_state`` from ``apply_with_state``:
+
+- ``BatchNorm*`` in training mode with ``track_running_stats``: its statistics;
+- ``torch.nn.utils.parametrizations.spectral_norm`` in training mode: ``_u``, ``_v``;
+- the older ``torch.nn.utils.spectral_norm`` hook in training mode: ``<name>_u``,
+  ``<name>_v``;
+- the buffers the user names, ``FunctionalCall(module, state=[...])``.
+
+Any other buffer written during a call is caught after it (``written``: the
+version counter of the clone, looked up under ``torch.func``'s wrappers, and the
+identity of the tensor in the buffer's slot) and refused (``UNDECLARED``), so a
+write is never dropped silently.
+
+Example:
+    >>> bn = torch.nn.BatchNorm1d(3)
+    >>> state_buffers(bn, ())
+    ('running_mean', 'running_var', 'num_batches_tracked')
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from torch import Tensor, nn
+from torch.nn.utils.spectral_norm import SpectralNorm
+
+from .._td._dtensor import unwrapped
+
+__all__ = ["UNDECLARED", "plain_tensor_attrs", "state_buffers", "versions", "written"]
+
+UNDECLARED = (
+    "{owner}: forward wrote the buffer(s) {names} (in place or by assignment), which functd "
+    "does not know as state, so the write would be lost. Declare them as state: "
+    "fd.Module(fd.nn.FunctionalCall(module, state={names_list}), in_keys, out_keys), then "
+    "`out, new_state = m.apply_with_state(params, td)` and "
+    "`params = fd.nn.update_state(params, new_state)`; or, if the module writes them only "
+    "in training, switch it to eval mode (fd.nn.eval_mode(m), or module.eval() before "
+    "wrapping it)."
+)
+
+
+def _known(sub: nn.Module) -> Iterable[str]:
+    """The own buffers ``sub`` writes in a call in its current mode (known kinds)."""
+    if not sub.training:
+        return ()
+    if isinstance(sub, nn.modules.batchnorm._NormBase):
+        return (n for n, _ in sub.named_buffers(recurse=False)) if sub.track_running_stats else ()
+    kind = type(sub)
+    if kind.__name__ == "_SpectralNorm" and kind.__module__ == "torch.nn.utils.parametrizations":
+        return tuple(n for n, _ in sub.named_buffers(recurse=False))  # _u, _v (2-d weights)
+    return tuple(
+        f"{hook.name}{end}"
+        for hook in sub._forward_pre_hooks.values()
+        if isinstance(hook, SpectralNorm)
+        for end in ("_u", "_v")
+    )
+
+
+def state_buffers(module: nn.Module, declared: tuple[str, ...]) -> tuple[str, ...]:
+    """Dotted names of the buffers a call of ``module`` returns as new state: the known
+    writers' (see the module docstring) then ``declared``, each once.
+
+    Raises:
+        KeyError: a declared name is not a buffer of ``module``.
+    """
+    names = [name for name, _ in module.named_buffers()]
+    bad = [d for d in declared if d not in names]
+    if bad:
+        raise KeyError(
+            f"FunctionalCall({type(module).__name__}, state=...): {bad} are not buffers of "
+            f"the module; its buffers are {names or '(none)'}. Name each buffer its forward "
+            "writes by its dotted name, as in module.named_buffers()."
+        )
+    out = [
+        f"{prefix}.{n}" if prefix else n
+        for prefix, sub in module.named_modules()
+        for n in _known(sub)
+    ]
+    return tuple(dict.fromkeys(n for n in (*out, *declared) if n in names))
+
+
+def plain_tensor_attrs(module: nn.Module) -> tuple[tuple[dict, str, Tensor], ...]:
+    """``(sub.__dict__, attr, tensor)`` for each tensor held as a plain attribute (neither
+    parameter nor buffer: the ``weight`` the older ``weight_norm``/``spectral_norm``
+    hooks recompute each call), to put back after a call."""
+    return tuple(
+        (vars(sub), attr, v)
+        for sub in module.modules()
+        for attr, v in vars(sub).items()
+        if isinstance(v, Tensor)
+    )
+
+
+def versions(flat: dict[str, Tensor], names: tuple[str, ...]) -> list[int]:
+    """The version counters of ``flat[name]`` (under ``torch.func``'s wrappers, whose
+    own counters a write through vmap's batching rules does not move)."""
+    return [unwrapped(flat[n])._version for n in names]
+
+
+def written(
+    flat: dict[str, Tensor], names: tuple[str, ...], given: list[Tensor], before: list[int]
+) -> list[str]:
+    """The names of ``names`` written since ``before``: a slot reassigned (``flat[name]``
+    is no longer the ``given`` tensor) or written in place (its version moved)."""
+    return [
+        n
+        for n, t, v in zip(names, given, before)
+        if flat[n] is not t or unwrapped(t)._version != v
+    ]
