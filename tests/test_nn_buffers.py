@@ -74,7 +74,9 @@ def test_training_calls_in_lockstep_with_torch(name):
 
     for i in range(4):
         x = _x(name, i)
-        grads, (y, new) = torch.func.grad(loss, has_aux=True)(trainable, state, fd.TensorDict({"x": x}, [3]))
+        grads, (y, new) = torch.func.grad(loss, has_aux=True)(
+            trainable, state, fd.TensorDict({"x": x}, [3])
+        )
         state = fd.nn.update_state(state, new)
         ref.zero_grad()
         y_ref = ref(x)
@@ -107,7 +109,9 @@ def test_float64_optimizer_steps_in_lockstep_with_torch_optim(name, opt):
 
     for i in range(3):
         x = _x(name, i, torch.float64)
-        grads, new = torch.func.grad(loss, has_aux=True)(trainable, state, fd.TensorDict({"x": x}, [3]))
+        grads, new = torch.func.grad(loss, has_aux=True)(
+            trainable, state, fd.TensorDict({"x": x}, [3])
+        )
         state = fd.nn.update_state(state, new)
         updates, opt_state = tx.update(grads, opt_state, trainable)
         trainable = fd.optim.apply_updates(trainable, updates)
@@ -117,3 +121,137 @@ def test_float64_optimizer_steps_in_lockstep_with_torch_optim(name, opt):
     after = fd.nn.merge_state(trainable, state)
     for path, v in fd.from_module(ref).items(True, True):
         torch.testing.assert_close(after.get(path), v, atol=1e-10, rtol=0)
+
+
+class RunningMean(nn.Module):
+    """Normalises by a running mean it keeps itself, written in forward (``how``)."""
+
+    def __init__(self, how):
+        super().__init__()
+        self.lin = nn.Linear(3, 2)
+        self.register_buffer("count", torch.zeros((), dtype=torch.long))
+        self.register_buffer("mean", torch.zeros(3))
+        self.how = how
+
+    def forward(self, x):
+        new = 0.9 * self.mean + 0.1 * x.detach().mean(0)
+        if self.how == "add_":
+            self.count.add_(1)
+            self.mean.mul_(0.9).add_(0.1 * x.detach().mean(0))
+        elif self.how == "copy_":
+            self.count += 1
+            self.mean.copy_(new)
+        elif self.how == "setitem":
+            self.count[...] = self.count + 1
+            self.mean[:] = new
+        else:  # reassign
+            self.count = self.count + 1
+            self.mean = new
+        return self.lin(x - self.mean)
+
+
+HOW = ["add_", "copy_", "setitem", "reassign"]
+
+
+def _custom(how):
+    torch.manual_seed(0)
+    ref = RunningMean(how)
+    torch.manual_seed(0)
+    net = RunningMean(how)
+    m = fd.Module(fd.nn.FunctionalCall(net, state=["count", "mean"]), ["x"], ["y"])
+    return ref, m, fd.nn.state_to_td(net).clone()
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_declared_buffers_written_in_forward_come_back_as_state(how):
+    ref, m, params = _custom(how)
+    before = params.clone()
+    assert m.stateful
+    for i in range(3):
+        x = _x("custom", i)[:, :3]
+        out, new = m.apply_with_state(params, fd.TensorDict({"x": x}, [3]))
+        assert sorted(new.keys()) == ["count", "mean"]
+        assert_close(params, before) if i == 0 else None  # the given params are not written
+        params = fd.nn.update_state(params, new)
+        torch.testing.assert_close(out["y"], ref(x), atol=1e-6, rtol=1e-6)
+        assert_close(
+            fd.nn.split_state(m, params)[1], fd.nn.split_state(m, fd.nn.state_to_td(ref))[1]
+        )
+    assert params["count"].item() == 3
+
+
+UNDECLARED = (
+    r"FunctionalCall\(RunningMean\): forward wrote the buffer\(s\) 'count', 'mean' \(in place "
+    r"or by assignment\).*FunctionalCall\(module, state=\['count', 'mean'\]\).*"
+    r"apply_with_state.*eval mode"
+)
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_a_write_to_an_undeclared_buffer_is_refused_naming_it(how):
+    m = fd.Module(RunningMean(how), ["x"], ["y"])
+    params = fd.from_module(m)
+    before = params.clone()
+    td = fd.TensorDict({"x": torch.randn(4, 3)}, [4])
+    assert not m.stateful
+    with pytest.raises(RuntimeError, match=UNDECLARED):
+        m(params, td)
+    with pytest.raises(RuntimeError, match=UNDECLARED):
+        m.apply_with_state(params, td)
+    assert_close(params, before)
+
+
+@pytest.mark.parametrize("how", ["add_", "reassign"])
+def test_undeclared_writes_are_refused_under_vmap_and_grad(how):
+    m = fd.Module(RunningMean(how), ["x"], ["y"])
+    params = fd.from_module(m)
+    td = fd.TensorDict({"x": torch.randn(4, 3)}, [4])
+    stacked = fd.stack([params, params.apply(lambda t: t + 1)])  # the buffers batched too
+    with pytest.raises(RuntimeError, match=UNDECLARED):
+        fd.vmap(lambda p: m(p, td)["y"])(stacked)
+    trainable, held = fd.partition(params, fd.trainable(m))
+    with pytest.raises(RuntimeError, match=UNDECLARED):
+        torch.func.grad(lambda p: m(fd.combine(p, held), td)["y"].sum())(trainable)
+
+
+def test_declared_state_of_a_vmapped_ensemble_equals_a_loop():
+    _, m, params = _custom("add_")
+    stacked = fd.stack([params, params.apply(lambda t: t * 2), params.apply(lambda t: t - 1)])
+    td = fd.TensorDict({"x": torch.randn(4, 3)}, [4])
+    outs, states = fd.vmap(lambda p: m.apply_with_state(p, td))(stacked)
+    for i in range(3):
+        out, state = m.apply_with_state(stacked[i], td)
+        torch.testing.assert_close(outs[i]["y"], out["y"])
+        assert_close(states[i], state)
+
+
+@pytest.mark.parametrize("name", ["spectral_norm", "old_spectral_norm"])
+def test_eval_mode_writes_nothing(name):
+    ref, m = _pair(name)
+    params = fd.from_module(m)
+    before = fd.from_module(ref).clone()
+    evaluate = fd.nn.eval_mode(m)
+    assert m.stateful and not evaluate.stateful
+    x = _x(name, 0)
+    y = evaluate(params, fd.TensorDict({"x": x}, [3]))["y"]
+    torch.testing.assert_close(y, ref.eval()(x), atol=1e-6, rtol=1e-6)
+    assert_close(fd.from_module(ref), before)  # torch's eval call did not move them either
+    assert_close(params, before)
+
+
+def test_a_plain_call_in_training_mode_refuses_to_drop_spectral_norms_vectors():
+    _, m = _pair("spectral_norm")
+    with pytest.raises(
+        RuntimeError, match=r"Module\(ParametrizedLinear -> 'y'\).*apply_with_state"
+    ):
+        m(fd.from_module(m), fd.TensorDict({"x": _x("spectral_norm", 0)}, [3]))
+
+
+def test_state_names_must_be_buffers_of_the_module():
+    with pytest.raises(
+        KeyError,
+        match=r"FunctionalCall\(RunningMean, state=...\): \['lin.weight'\] are not buffers.*\['count', 'mean'\]",
+    ):
+        fd.nn.FunctionalCall(RunningMean("add_"), state=["lin.weight"])
+    with pytest.raises(TypeError, match=r"state takes a list of dotted buffer names"):
+        fd.nn.FunctionalCall(RunningMean("add_"), state="count")

@@ -30,7 +30,14 @@ from ._base import Layer, set_derived
 from ._convert import flat_state
 from ._fsdp import fsdp_meta_copy
 from ._keyed import GLOBAL_DRAW, KeyedRandom, generator_state, restore_state, same_state
-from ._written import UNDECLARED, plain_tensor_attrs, state_buffers, versions, written
+from ._written import (
+    UNDECLARED,
+    WriteWatch,
+    plain_tensor_attrs,
+    state_buffers,
+    versions,
+    written,
+)
 
 __all__ = ["FunctionalCall", "meta_copy"]
 
@@ -191,14 +198,8 @@ class FunctionalCall(Layer):
             return self._run(flat, args, kwargs, key)
         for name in self._clone.intersection(flat):
             flat[name] = flat[name].clone()
-        watch = self._buffers
-        try:
-            given = [flat[n] for n in watch]
-        except KeyError:
-            _bad_names(self, flat)
-        before = versions(flat, watch)
-        out = self._run(flat, args, kwargs, key)
-        wrote = [n for n in written(flat, watch, given, before) if n not in self._stats]
+        out, wrote = self._watched(flat, args, kwargs, key)
+        wrote = [n for n in wrote if n not in self._stats]
         if wrote:
             raise RuntimeError(
                 UNDECLARED.format(
@@ -217,6 +218,23 @@ class FunctionalCall(Layer):
                 node = node.setdefault(part, {})
             node[leaf] = flat[name]
         return out, TensorDict(state, [])
+
+    def _watched(self, flat: dict, args: tuple, kwargs: dict, key: Any) -> tuple[Any, list]:
+        """``_run``, and the names of the buffers it wrote (see ``_written.py``)."""
+        watch = self._buffers
+        try:
+            given = [flat[n] for n in watch]
+        except KeyError:
+            _bad_names(self, flat)
+        if torch.compiler.is_compiling():  # a version counter is a symbol there
+            hit: set[str] = set()
+            with WriteWatch(dict(zip(watch, given)), hit):
+                out = self._run(flat, args, kwargs, key)
+            moved = [n for n, t in zip(watch, given) if n in hit or flat[n] is not t]
+            return out, moved
+        before = versions(flat, watch)
+        out = self._run(flat, args, kwargs, key)
+        return out, written(flat, watch, given, before)
 
     def _run(self, flat: dict, args: tuple, kwargs: dict, key: Any) -> Any:
         """The forward under ``KeyedRandom`` in training mode (see the class docstring)."""

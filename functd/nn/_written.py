@@ -14,7 +14,9 @@ written, its *state*, come back as ``new_state`` from ``apply_with_state``:
 Any other buffer written during a call is caught after it (``written``: the
 version counter of the clone, looked up under ``torch.func``'s wrappers, and the
 identity of the tensor in the buffer's slot) and refused (``UNDECLARED``), so a
-write is never dropped silently.
+write is never dropped silently. While ``torch.compile`` traces, a version counter
+is a symbol that cannot be compared: ``WriteWatch`` (a torch-function mode, entered
+only then) sees the in-place calls on the clones instead.
 
 Example:
     >>> bn = torch.nn.BatchNorm1d(3)
@@ -25,13 +27,23 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
+import torch
 from torch import Tensor, nn
 from torch.nn.utils.spectral_norm import SpectralNorm
+from torch.overrides import TorchFunctionMode
 
 from .._td._dtensor import unwrapped
 
-__all__ = ["UNDECLARED", "plain_tensor_attrs", "state_buffers", "versions", "written"]
+__all__ = [
+    "UNDECLARED",
+    "WriteWatch",
+    "plain_tensor_attrs",
+    "state_buffers",
+    "versions",
+    "written",
+]
 
 UNDECLARED = (
     "{owner}: forward wrote the buffer(s) {names} (in place or by assignment), which functd "
@@ -108,7 +120,54 @@ def written(
     """The names of ``names`` written since ``before``: a slot reassigned (``flat[name]``
     is no longer the ``given`` tensor) or written in place (its version moved)."""
     return [
-        n
-        for n, t, v in zip(names, given, before)
-        if flat[n] is not t or unwrapped(t)._version != v
+        n for n, t, v in zip(names, given, before) if flat[n] is not t or unwrapped(t)._version != v
     ]
+
+
+_NORMS = (torch.nn.functional.batch_norm, torch.batch_norm, torch.nn.functional.instance_norm)
+
+
+class WriteWatch(TorchFunctionMode):
+    """Add to ``hit`` the names of ``tensors`` a torch function writes in place (a method ending in
+    ``_``, an in-place operator, ``out=``, a batch norm's running statistics).
+
+    Example:
+        >>> buf = torch.zeros(3)
+        >>> hit: set = set()
+        >>> with WriteWatch({"buf": buf}, hit):
+        ...     _ = buf.add_(1)
+        >>> hit
+        {'buf'}
+    """
+
+    def __init__(self, tensors: dict[str, Tensor], hit: set[str]) -> None:
+        super().__init__()
+        self.tensors = tensors
+        self.hit = hit
+
+    def _see(self, t: Any) -> None:
+        if isinstance(t, Tensor):
+            base = t._base if t._base is not None else t
+            for name, v in self.tensors.items():
+                if v is base or v is t:
+                    self.hit.add(name)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if args and (name[-1:] == "_" and name[:2] != "__" or name in _INPLACE):
+            self._see(args[0])
+        if "out" in kwargs:
+            out = kwargs["out"]
+            for t in out if isinstance(out, tuple | list) else (out,):
+                self._see(t)
+        if func in _NORMS:
+            for t in (*args[1:3], kwargs.get("running_mean"), kwargs.get("running_var")):
+                self._see(t)
+        return func(*args, **kwargs)
+
+
+_INPLACE = frozenset(
+    f"__i{op}__"
+    for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor")
+) | {"__setitem__", "copy_", "set_"}
