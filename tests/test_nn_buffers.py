@@ -255,3 +255,16 @@ def test_state_names_must_be_buffers_of_the_module():
         fd.nn.FunctionalCall(RunningMean("add_"), state=["lin.weight"])
     with pytest.raises(TypeError, match=r"state takes a list of dotted buffer names"):
         fd.nn.FunctionalCall(RunningMean("add_"), state="count")
+
+
+@pytest.mark.compile
+def test_compiled_calls_return_the_same_state_and_refuse_the_same_writes():
+    ref, m = _pair("spectral_norm")
+    params, td = fd.from_module(m), fd.TensorDict({"x": _x("spectral_norm", 0)}, [3])
+    f = torch.compile(m.apply_with_state, backend="eager", fullgraph=True)
+    (out, new), (out_e, new_e) = f(params, td), m.apply_with_state(params, td)
+    torch.testing.assert_close(out["y"], out_e["y"])
+    assert_close(new, new_e)
+    plain = fd.Module(RunningMean("add_"), ["x"], ["y"])
+    with pytest.raises(Exception, match=UNDECLARED):
+        torch.compile(plain, backend="eager")(fd.from_module(plain), td.set("x", td["x"][:, :3]))

@@ -155,7 +155,7 @@ class WriteWatch(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if args and (name[-1:] == "_" and name[:2] != "__" or name in _INPLACE):
+        if args and ((name[-1:] == "_" and name[:2] != "__") or name in _INPLACE):
             self._see(args[0])
         if "out" in kwargs:
             out = kwargs["out"]
