@@ -259,7 +259,7 @@ def test_state_names_must_be_buffers_of_the_module():
 
 @pytest.mark.compile
 def test_compiled_calls_return_the_same_state_and_refuse_the_same_writes():
-    ref, m = _pair("spectral_norm")
+    _, m = _pair("spectral_norm")
     params, td = fd.from_module(m), fd.TensorDict({"x": _x("spectral_norm", 0)}, [3])
     f = torch.compile(m.apply_with_state, backend="eager", fullgraph=True)
     (out, new), (out_e, new_e) = f(params, td), m.apply_with_state(params, td)

@@ -28,6 +28,7 @@ from .._td import TensorDict
 from .._td._dtensor import is_dtensor
 from ._base import Layer, set_derived
 from ._convert import flat_state
+from ._draws import may_draw
 from ._fsdp import fsdp_meta_copy
 from ._keyed import GLOBAL_DRAW, KeyedRandom, generator_state, restore_state, same_state
 from ._written import (
@@ -67,8 +68,9 @@ class FunctionalCall(Layer):
     is never dropped silently. The weight of an ``Embedding(max_norm=...)`` is
     renormalised in a temporary too.
 
-    Randomness: when any submodule is in training mode the layer is ``random``
-    and its forward runs under ``KeyedRandom(key)``: ``nn.Dropout``,
+    Randomness: when a submodule in training mode may draw (a dropout with
+    ``p > 0``, a forward calling ``F.dropout``...) the layer is ``random``; in
+    training mode its forward runs under ``KeyedRandom(key)``: ``nn.Dropout``,
     ``F.dropout``, RNN inter-layer dropout, attention dropout, ``torch.rand``...
     draw from the call's ``key`` (the same key gives the same output). Without
     a key such a draw raises, naming the function. Eval mode draws nothing.
@@ -103,6 +105,7 @@ class FunctionalCall(Layer):
         _frozen: ClassVar[Any]
         _label: ClassVar[Any]
         _lock: ClassVar[Any]
+        _random: ClassVar[Any]
         _slots: ClassVar[Any]
         _stats: ClassVar[Any]
         _training: ClassVar[Any]
@@ -141,6 +144,7 @@ class FunctionalCall(Layer):
             _attrs=plain_tensor_attrs(meta),
             _slots=slots,
             _training=any(m.training for m in meta.modules()),
+            _random=may_draw(meta),
             _frozen=frozen,
             _label=f"FunctionalCall({type(meta).__name__})",
             _lock=threading.Lock(),
@@ -148,8 +152,9 @@ class FunctionalCall(Layer):
 
     @property
     def random(self) -> bool:  # type: ignore[override]
-        """True when some submodule is in training mode: the call may draw, from ``key``."""
-        return self._training
+        """True when a submodule in training mode may draw random numbers (a dropout with
+        ``p > 0``...; see ``functd/nn/_draws.py``): the call then takes a ``key``."""
+        return self._random
 
     @property
     def stateful(self) -> bool:
