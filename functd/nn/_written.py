@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.overrides import TorchFunctionMode
 
+from .._eager import is_wrapped
 from .._td._dtensor import unwrapped
 
 __all__ = [
@@ -108,10 +109,15 @@ def plain_tensor_attrs(module: nn.Module) -> tuple[tuple[dict, str, Tensor], ...
     )
 
 
+def _version(t: Tensor) -> int:
+    """``t._version``; under ``torch.func``'s wrappers the wrapped tensor's (a write
+    through vmap's batching rules does not move the wrapper's own counter)."""
+    return unwrapped(t)._version if is_wrapped is not None and is_wrapped(t) else t._version
+
+
 def versions(flat: dict[str, Tensor], names: tuple[str, ...]) -> list[int]:
-    """The version counters of ``flat[name]`` (under ``torch.func``'s wrappers, whose
-    own counters a write through vmap's batching rules does not move)."""
-    return [unwrapped(flat[n])._version for n in names]
+    """The version counters of ``flat[name]`` (see ``_version``)."""
+    return [_version(flat[n]) for n in names]
 
 
 def written(
@@ -119,12 +125,15 @@ def written(
 ) -> list[str]:
     """The names of ``names`` written since ``before``: a slot reassigned (``flat[name]``
     is no longer the ``given`` tensor) or written in place (its version moved)."""
-    return [
-        n for n, t, v in zip(names, given, before) if flat[n] is not t or unwrapped(t)._version != v
-    ]
+    return [n for n, t, v in zip(names, given, before) if flat[n] is not t or _version(t) != v]
 
 
-_NORMS = (torch.nn.functional.batch_norm, torch.batch_norm, torch.nn.functional.instance_norm)
+_STATS = ((1, "running_mean", None), (2, "running_var", None))
+_NORMS: dict[Any, tuple] = {  # (position, name, default): written in training only
+    torch.nn.functional.batch_norm: (*_STATS, (5, "training", False)),
+    torch.nn.functional.instance_norm: (*_STATS, (5, "use_input_stats", True)),
+    torch.batch_norm: ((3, "running_mean", None), (4, "running_var", None), (5, "training", 0)),
+}
 
 
 class WriteWatch(TorchFunctionMode):
@@ -152,7 +161,9 @@ class WriteWatch(TorchFunctionMode):
                 if v is base or v is t:
                     self.hit.add(name)
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         if args and ((name[-1:] == "_" and name[:2] != "__") or name in _INPLACE):
@@ -161,9 +172,12 @@ class WriteWatch(TorchFunctionMode):
             out = kwargs["out"]
             for t in out if isinstance(out, tuple | list) else (out,):
                 self._see(t)
-        if func in _NORMS:
-            for t in (*args[1:3], kwargs.get("running_mean"), kwargs.get("running_var")):
-                self._see(t)
+        where = _NORMS.get(func)
+        if where is not None:  # (running_mean, running_var, training) positions
+            *stats, training = (args[i] if i < len(args) else kwargs.get(k, d) for i, k, d in where)
+            if training:
+                for t in stats:
+                    self._see(t)
         return func(*args, **kwargs)
 
 
