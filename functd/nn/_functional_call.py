@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 import torch
 from torch import Tensor, nn
 
+from .._eager import plain
 from .._td import TensorDict
 from .._td._dtensor import is_dtensor
 from ._base import Layer, set_derived
@@ -237,9 +238,10 @@ class FunctionalCall(Layer):
                 out = self._run(flat, args, kwargs, key)
             moved = [n for n, t in zip(watch, given) if n in hit or flat[n] is not t]
             return out, moved
-        before = versions(flat, watch)
+        unwrapped = plain(given)
+        before = versions(given, unwrapped)
         out = self._run(flat, args, kwargs, key)
-        return out, written(flat, watch, given, before)
+        return out, written(flat, watch, given, before, unwrapped)
 
     def _run(self, flat: dict, args: tuple, kwargs: dict, key: Any) -> Any:
         """The forward under ``KeyedRandom`` in training mode (see the class docstring)."""

@@ -34,7 +34,6 @@ from torch import Tensor, nn
 from torch.nn.utils.spectral_norm import SpectralNorm
 from torch.overrides import TorchFunctionMode
 
-from .._eager import is_wrapped
 from .._td._dtensor import unwrapped
 
 __all__ = [
@@ -109,23 +108,26 @@ def plain_tensor_attrs(module: nn.Module) -> tuple[tuple[dict, str, Tensor], ...
     )
 
 
-def _version(t: Tensor) -> int:
-    """``t._version``; under ``torch.func``'s wrappers the wrapped tensor's (a write
-    through vmap's batching rules does not move the wrapper's own counter)."""
-    return unwrapped(t)._version if is_wrapped is not None and is_wrapped(t) else t._version
-
-
-def versions(flat: dict[str, Tensor], names: tuple[str, ...]) -> list[int]:
-    """The version counters of ``flat[name]`` (see ``_version``)."""
-    return [_version(flat[n]) for n in names]
+def versions(given: list[Tensor], plain: bool) -> list[int]:
+    """The version counters of ``given``; unless ``plain`` (no tensor is a ``torch.func``
+    wrapper: ``functd._eager.plain``), the wrapped tensors' (a write through vmap's
+    batching rules does not move the wrapper's own counter)."""
+    if plain:
+        return [t._version for t in given]
+    return [unwrapped(t)._version for t in given]
 
 
 def written(
-    flat: dict[str, Tensor], names: tuple[str, ...], given: list[Tensor], before: list[int]
+    flat: dict[str, Tensor],
+    names: tuple[str, ...],
+    given: list[Tensor],
+    before: list[int],
+    plain: bool,
 ) -> list[str]:
     """The names of ``names`` written since ``before``: a slot reassigned (``flat[name]``
     is no longer the ``given`` tensor) or written in place (its version moved)."""
-    return [n for n, t, v in zip(names, given, before) if flat[n] is not t or _version(t) != v]
+    after = versions(given, plain)
+    return [n for n, t, v, w in zip(names, given, before, after) if flat[n] is not t or v != w]
 
 
 _STATS = ((1, "running_mean", None), (2, "running_var", None))
