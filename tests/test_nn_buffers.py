@@ -268,3 +268,22 @@ def test_compiled_calls_return_the_same_state_and_refuse_the_same_writes():
     plain = fd.Module(RunningMean("add_"), ["x"], ["y"])
     with pytest.raises(Exception, match=UNDECLARED):
         torch.compile(plain, backend="eager")(fd.from_module(plain), td.set("x", td["x"][:, :3]))
+
+
+@pytest.mark.parametrize("name", ["spectral_norm", "old_spectral_norm"])
+def test_a_vmapped_ensemble_of_spectral_norm_layers_equals_a_loop(name):
+    """torch.func.vmap has no rule for the out= of the power iteration: functd runs those
+    writes as copies under torch.func, so an ensemble trains its vectors too."""
+    _, m = _pair(name)
+    params = fd.from_module(m)
+    members = [params, params.apply(lambda t: t * 2), params.apply(lambda t: -t)]
+    stacked = fd.stack(members)
+    for i in range(2):
+        td = fd.TensorDict({"x": _x(name, i)}, [3])
+        outs, states = fd.vmap(lambda p, td=td: m.apply_with_state(p, td))(stacked)
+        for j in range(3):
+            out, state = m.apply_with_state(members[j], td)
+            torch.testing.assert_close(outs[j]["y"], out["y"], atol=1e-6, rtol=1e-6)
+            assert_close(states[j], state, atol=1e-6, rtol=1e-6)
+            members[j] = fd.nn.update_state(members[j], state)
+        stacked = fd.nn.update_state(stacked, states)

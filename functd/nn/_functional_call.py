@@ -34,6 +34,7 @@ from ._fsdp import fsdp_meta_copy
 from ._keyed import GLOBAL_DRAW, KeyedRandom, generator_state, restore_state, same_state
 from ._written import (
     UNDECLARED,
+    OutCopies,
     WriteWatch,
     plain_tensor_attrs,
     state_buffers,
@@ -240,7 +241,11 @@ class FunctionalCall(Layer):
             return out, moved
         unwrapped = plain(given)
         before = versions(given, unwrapped)
-        out = self._run(flat, args, kwargs, key)
+        if unwrapped:
+            out = self._run(flat, args, kwargs, key)
+        else:  # under torch.func: writes through out= as copies, which vmap batches
+            with OutCopies(given):
+                out = self._run(flat, args, kwargs, key)
         return out, written(flat, watch, given, before, unwrapped)
 
     def _run(self, flat: dict, args: tuple, kwargs: dict, key: Any) -> Any:

@@ -16,7 +16,9 @@ version counter of the clone, looked up under ``torch.func``'s wrappers, and the
 identity of the tensor in the buffer's slot) and refused (``UNDECLARED``), so a
 write is never dropped silently. While ``torch.compile`` traces, a version counter
 is a symbol that cannot be compared: ``WriteWatch`` (a torch-function mode, entered
-only then) sees the in-place calls on the clones instead.
+only then) sees the in-place calls on the clones instead. Under ``torch.func``
+transforms, ``OutCopies`` turns a write into a buffer through ``out=`` (spectral
+norm's power iteration: vmap has no batching rule for ``out=``) into a copy.
 
 Example:
     >>> bn = torch.nn.BatchNorm1d(3)
@@ -38,6 +40,7 @@ from .._td._dtensor import unwrapped
 
 __all__ = [
     "UNDECLARED",
+    "OutCopies",
     "WriteWatch",
     "plain_tensor_attrs",
     "state_buffers",
@@ -187,3 +190,30 @@ _INPLACE = frozenset(
     f"__i{op}__"
     for op in ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor")
 ) | {"__setitem__", "copy_", "set_"}
+
+
+class OutCopies(TorchFunctionMode):
+    """Run ``f(..., out=buf)`` for a ``buf`` of ``tensors`` as ``buf.copy_(f(...))``: the
+    same values, and ``torch.func.vmap`` batches it (it has no rule for ``out=``).
+
+    Example:
+        >>> u = torch.zeros(2)
+        >>> with OutCopies([u]):
+        ...     _ = torch.mv(torch.eye(2), torch.ones(2), out=u)
+        >>> u.tolist()
+        [1.0, 1.0]
+    """
+
+    def __init__(self, tensors: list[Tensor]) -> None:
+        super().__init__()
+        self.tensors = tensors
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
+        kwargs = kwargs or {}
+        out = kwargs.get("out")
+        if isinstance(out, Tensor) and any(out is t for t in self.tensors):
+            rest = {k: v for k, v in kwargs.items() if k != "out"}
+            return out.copy_(func(*args, **rest))
+        return func(*args, **kwargs)
