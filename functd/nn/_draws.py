@@ -39,6 +39,9 @@ __all__ = ["may_draw"]
 _WORDS = ("drop", "rand", "bernoulli", "multinomial", "normal_", "uniform_", "exponential_")
 _WORDS_MORE = ("gumbel", "poisson", "rrelu", "noise", "cauchy_", "geometric_")
 _DEPTH = 4
+_DROPOUTS = (
+    nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.FeatureAlphaDropout
+)  # fmt: skip
 
 
 def may_draw(module: nn.Module) -> bool:
@@ -57,7 +60,7 @@ def _sub_may_draw(sub: nn.Module) -> bool:
     fns = [inspect.unwrap(kind.forward), *hooks]
     return any(
         _random_word(name) and (depth > 0 or not _inert(getattr(sub, name, None)))
-        for name, depth in _names(fns, kind)
+        for name, depth in _names(fns, sub)
     )
 
 
@@ -67,7 +70,7 @@ def _inert(attr: Any) -> bool:
 
 
 def _torch_kind(sub: nn.Module) -> bool:
-    if isinstance(sub, nn.modules.dropout._DropoutNd):
+    if isinstance(sub, _DROPOUTS):
         return sub.p > 0
     if isinstance(sub, nn.RNNBase):
         return sub.dropout > 0 and sub.num_layers > 1
@@ -89,12 +92,13 @@ def _zero_rate(sub: nn.Module) -> bool:
 
 def _random_word(name: str) -> bool:
     low = name.lower()
-    return any(w in low for w in _WORDS) or any(w in low for w in _WORDS_MORE)
+    return low == "normal" or any(w in low for w in _WORDS) or any(w in low for w in _WORDS_MORE)
 
 
-def _names(fns: list[Any], owner: type) -> Iterator[tuple[str, int]]:
+def _names(fns: list[Any], owner: nn.Module) -> Iterator[tuple[str, int]]:
     """``(name, depth)`` for the names the code of ``fns`` refers to, following the Python
-    functions (module globals) and the methods of ``owner`` it calls, ``_DEPTH`` deep."""
+    functions it calls (module globals, functions ``owner`` holds, methods of its class),
+    ``_DEPTH`` levels deep."""
     seen: set[int] = set()
     todo = [(fn, 0) for fn in fns]
     while todo:
@@ -110,10 +114,21 @@ def _names(fns: list[Any], owner: type) -> Iterator[tuple[str, int]]:
         glob = getattr(fn, "__globals__", {})
         for name in _code_names(code):
             yield name, depth
-            if depth < _DEPTH:
-                nxt = glob.get(name, None) or getattr(owner, name, None)
-                if _followed(nxt):
-                    todo.append((nxt, depth + 1))
+            nxt = _resolve(name, glob, owner) if depth < _DEPTH else None
+            if _followed(nxt):
+                todo.append((nxt, depth + 1))
+
+
+def _resolve(name: str, glob: dict, owner: nn.Module) -> Any:
+    """What ``name`` may be in code run for ``owner``: a module global, a function held
+    by the instance (``self.fn = fn``), or a method of its class (read statically: no
+    property runs)."""
+    got = glob.get(name)
+    if got is None:
+        got = vars(owner).get(name)
+    if got is None:
+        got = inspect.getattr_static(type(owner), name, None)
+    return got.__func__ if isinstance(got, staticmethod | classmethod) else got
 
 
 def _code_names(code: types.CodeType) -> Iterator[str]:
