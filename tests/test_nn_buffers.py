@@ -34,6 +34,9 @@ BUILDERS = {
     "old_spectral_norm": _old_spectral_norm,
     "weight_norm": lambda: nn.utils.parametrizations.weight_norm(nn.Linear(6, 4)),
     "old_weight_norm": _old_weight_norm,
+    "sequential_spectral_norm": lambda: nn.Sequential(  # lowered onto a Chain around it
+        nn.utils.parametrizations.spectral_norm(nn.Linear(6, 5)), nn.Tanh(), nn.Linear(5, 4)
+    ),
 }
 
 
@@ -178,6 +181,7 @@ def test_declared_buffers_written_in_forward_come_back_as_state(how):
             fd.nn.split_state(m, params)[1], fd.nn.split_state(m, fd.nn.state_to_td(ref))[1]
         )
     assert params["count"].item() == 3
+    assert fd.nn.eval_mode(m).stateful  # declared state is state in both modes
 
 
 UNDECLARED = (
