@@ -38,6 +38,17 @@ class DropsByHand(nn.Module):
         return F.dropout(self.lin(x), self.p, self.training)
 
 
+class Attention(nn.Module):  # as HF models call SDPA: the rate is a keyword
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(3, 6)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).unflatten(-1, (3, 1, 2)).permute(1, 2, 0, 3).unbind(0)
+        p = 0.5 if self.training else 0.0
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=p).flatten(0, 1)
+
+
 class DropPath(nn.Module):  # timm's / HF's shape: a rate, and Identity-like at 0
     def __init__(self, drop_prob):
         super().__init__()
@@ -57,6 +68,7 @@ CASES = {
     "lstm_one_layer_dropout": (lambda: nn.LSTM(3, 3, dropout=0.0), False),
     "lstm_dropout": (lambda: nn.LSTM(3, 3, num_layers=2, dropout=0.3), True),
     "noise_in_a_helper": (Noisy, True),
+    "sdpa_dropout_p": (Attention, True),
     "f_dropout_in_forward": (lambda: DropsByHand(0.3), True),
     "drop_path_rate_0": (lambda: nn.Sequential(nn.Linear(3, 3), DropPath(0.0)), False),
     "drop_path": (lambda: nn.Sequential(nn.Linear(3, 3), DropPath(0.3)), True),

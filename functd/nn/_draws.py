@@ -11,7 +11,8 @@ draws nothing). ``may_draw`` reads each submodule in training mode:
 - any other module by the names its ``forward`` (and its hooks, and the Python
   functions and methods they call, a few levels deep) refer to: a name that
   speaks of dropout or random numbers (``dropout``, ``attention_dropout``,
-  ``drop_path``, ``rand``, ``bernoulli_``, ``multinomial``...) makes it random,
+  ``drop_path``, ``rand``, ``bernoulli_``, ``multinomial``, a keyword ``dropout_p=``...)
+  makes it random,
   except, in ``forward`` itself, a name of one of its submodules (``self.dropout``:
   that child is read by its kind) or of a rate attribute that is 0.
 
@@ -59,14 +60,17 @@ def _sub_may_draw(sub: nn.Module) -> bool:
     hooks = [*sub._forward_pre_hooks.values(), *sub._forward_hooks.values()]
     fns = [inspect.unwrap(kind.forward), *hooks]
     return any(
-        _random_word(name) and (depth > 0 or not _inert(getattr(sub, name, None)))
+        _random_word(name) and (depth > 0 or not _inert(sub, name))
         for name, depth in _names(fns, sub)
     )
 
 
-def _inert(attr: Any) -> bool:
-    """A submodule (read by its own kind) or a rate of 0."""
-    return isinstance(attr, nn.Module) or (type(attr) in (int, float) and attr == 0)
+def _inert(sub: nn.Module, name: str) -> bool:
+    """``sub.<name>`` is a submodule (read by its own kind) or a rate of 0."""
+    if name in sub._modules:
+        return True
+    attr = vars(sub).get(name)
+    return type(attr) in (int, float) and attr == 0
 
 
 def _torch_kind(sub: nn.Module) -> bool:
@@ -132,10 +136,14 @@ def _resolve(name: str, glob: dict, owner: nn.Module) -> Any:
 
 
 def _code_names(code: types.CodeType) -> Iterator[str]:
+    """The global and attribute names of ``code``, and the keyword names of its calls
+    (``dropout_p=``), nested functions included."""
     yield from code.co_names
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             yield from _code_names(const)
+        elif isinstance(const, tuple):
+            yield from (c for c in const if isinstance(c, str))
 
 
 def _followed(obj: Any) -> bool:
