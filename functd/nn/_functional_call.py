@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 import torch
 from torch import Tensor, nn
 
-from .._eager import plain
+from .._eager import is_wrapped
 from .._td import TensorDict
 from .._td._dtensor import is_dtensor
 from ._base import Layer, set_derived
@@ -239,14 +239,16 @@ class FunctionalCall(Layer):
                 out = self._run(flat, args, kwargs, key)
             moved = [n for n, t in zip(watch, given) if n in hit or flat[n] is not t]
             return out, moved
-        unwrapped = plain(given)
-        before = versions(given, unwrapped)
-        if unwrapped:
-            out = self._run(flat, args, kwargs, key)
-        else:  # under torch.func: writes through out= as copies, which vmap batches
-            with OutCopies(given):
+        if is_wrapped is None or any(map(is_wrapped, given)):  # under torch.func
+            before = versions(given, False)
+            with OutCopies(given):  # writes through out= as copies, which vmap batches
                 out = self._run(flat, args, kwargs, key)
-        return out, written(flat, watch, given, before, unwrapped)
+            return out, written(flat, watch, given, before, False)
+        before = [t._version for t in given]  # plain tensors: written out, the hot path
+        out = self._run(flat, args, kwargs, key)
+        return out, [
+            n for n, t, v in zip(watch, given, before) if flat[n] is not t or t._version != v
+        ]
 
     def _run(self, flat: dict, args: tuple, kwargs: dict, key: Any) -> Any:
         """The forward under ``KeyedRandom`` in training mode (see the class docstring)."""
