@@ -138,8 +138,9 @@ def stack_shapes(i: int, key, shape0, shape_i, where: str) -> str:
 
 
 STATE_DROPPED = (
-    "{label}: {what} is in training mode and returns new running statistics (BatchNorm), "
-    "which a plain call would drop. Call `out, new_state = m.apply_with_state(params, td)` "
+    "{label}: {what} returns new state (BatchNorm's running statistics or spectral_norm's "
+    "vectors in training mode, buffers named in FunctionalCall(module, state=...)), which a "
+    "plain call would drop. Call `out, new_state = m.apply_with_state(params, td)` "
     "then `params = fd.nn.update_state(params, new_state)`; or switch the model to eval "
     "mode with `m = fd.nn.eval_mode(m)`."
 )

@@ -276,3 +276,47 @@ def test_resnet_batchnorm_statistics_follow_torch_in_training_mode():
     torch.testing.assert_close(out["last_hidden_state"], ref)
     updated = fd.nn.update_state(params, new_state)
     assert_close(updated, fd.from_module(model), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("head", [T.ResNetModel, T.ResNetForImageClassification])
+def test_resnet_draws_nothing_so_it_is_not_random(head):
+    torch.manual_seed(0)
+    model = head(_resnet().config)  # training mode: BatchNorm, no dropout
+    m = fd.Module(model, {"px": "pixel_values"}, [_first_out(head)])
+    assert m.stateful and not m.random
+    td = fd.TensorDict({"px": _pixels(16)}, [2])
+    out, _ = m.apply_with_state(fd.from_module(m), td)  # no key needed
+    ref = getattr(model(pixel_values=_pixels(16)), _first_out(head))
+    torch.testing.assert_close(out[_first_out(head)], ref)
+
+
+def _first_out(head):
+    return "logits" if head is T.ResNetForImageClassification else "last_hidden_state"
+
+
+@pytest.mark.parametrize(("rate", "random"), [(0.0, False), (0.3, True)])
+def test_convnext_is_random_only_with_a_drop_path_rate(rate, random):
+    cfg = T.ConvNextConfig(
+        num_stages=2, hidden_sizes=[8, 16], depths=[1, 1], num_channels=3, drop_path_rate=rate
+    )
+    m = fd.Module(T.ConvNextModel(cfg), {"px": "pixel_values"}, ["last_hidden_state"])
+    assert m.random is random
+    td = fd.TensorDict({"px": _pixels(16)}, [2])
+    if not random:  # the same output with no key as with one
+        params = fd.from_module(m)
+        torch.testing.assert_close(m(params, td), m(params, td, key=fd.random.key(0)))
+
+
+def test_a_scalar_loss_output_says_how_to_read_it():
+    model, _, params, td, inputs = make("bart", eval_mode=True)
+    m = fd.Module(model, {f"td_{a}": a for a in inputs}, ["loss"])
+    with pytest.raises(
+        ValueError,
+        match=r"output 'loss' has shape \[\], which does not start with the batch size \[2\].* "
+        r"reduced over the batch .*keyword form.*`loss = m\(params, x=x, ...\)`.*"
+        r"fd.TensorDict\(td, batch_size=\[\]\).*leave 'loss' out of out_keys",
+    ):
+        m(params, td)
+    ref = model(**inputs).loss
+    torch.testing.assert_close(m(params, **{f"td_{a}": v for a, v in inputs.items()}), ref)
+    torch.testing.assert_close(m(params, fd.TensorDict(td, batch_size=[]))["loss"], ref)

@@ -209,10 +209,11 @@ def test_keyed_dropout_through_compile_equals_eager():
 
 
 def test_module_is_not_random_in_eval_and_random_in_training():
-    net = Net(lambda s, h: h)
+    net = Net(lambda s, h: F.dropout(h, 0.5, s.training))
     assert fd.Module(net, ["x"], ["y"]).random
     assert not fd.Module(net.eval(), ["x"], ["y"]).random
     assert fd.nn.train_mode(fd.Module(net, ["x"], ["y"])).random
+    assert not fd.Module(Net(lambda s, h: h), ["x"], ["y"]).random  # draws nothing
 
 
 def test_transformer_encoder_attention_and_dropout_are_keyed():

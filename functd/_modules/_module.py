@@ -365,7 +365,7 @@ def _describe(m: Module, fn: Any, source: Any, kwargs: tuple | None) -> Step:
     if not layer:
         form, names = (Form.KEYWORDS, kwargs) if kwargs else (Form.PLAIN, None)
     elif kwargs:  # bound by name to the layer's positions (or a forward's names)
-        fn, form, key = Bound(fn, source, kwargs, m._label()), Form.LAYER, True
+        fn, form, key = Bound(fn, source, kwargs, m._label()), Form.LAYER, fn.random
     elif not fn.has_params and not fn.random and hasattr(fn, "function"):
         fn, form = fn.function(), Form.PLAIN  # a param-free layer's plain function
     else:

@@ -60,6 +60,15 @@ def _flat(out: tuple | list) -> tuple:
     return tuple(x for v in out for x in (_flat(v) if isinstance(v, tuple | list) else (v,)))
 
 
+REDUCED = (
+    " An output reduced over the batch (a loss, a mean: an HF model's `loss`) cannot be an "
+    "entry of a tensordict of batch size {bs}, whose every entry starts with the batch dims. "
+    "Read it with the keyword form, which returns the tensors: `loss = m(params, x=x, ...)`; "
+    "or call on a tensordict of batch size [], `m(params, fd.TensorDict(td, batch_size=[]))`; "
+    "or leave {key} out of out_keys and compute it from the other outputs."
+)
+
+
 def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
     if not isinstance(value, torch.Tensor):
         if isinstance(value, TensorDict) and value._batch_size[: len(bs)] == bs:
@@ -73,6 +82,7 @@ def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
         raise ValueError(
             f"{m._label()}: output {E.fmt_key(key)} has shape {list(value.shape)}, which does not "
             f"start with the batch size {list(bs)} of the tensordict. Keep the batch dims in front."
+            + (REDUCED.format(key=E.fmt_key(key), bs=list(bs)) if value.dim() < len(bs) else "")
         )
     if type(key) is str:
         data[key] = value

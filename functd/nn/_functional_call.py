@@ -19,17 +19,28 @@ import dataclasses
 import inspect
 import threading
 from itertools import chain
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NoReturn
 
 import torch
 from torch import Tensor, nn
 
+from .._eager import is_wrapped
 from .._td import TensorDict
 from .._td._dtensor import is_dtensor
 from ._base import Layer, set_derived
 from ._convert import flat_state
+from ._draws import may_draw
 from ._fsdp import fsdp_meta_copy
 from ._keyed import GLOBAL_DRAW, KeyedRandom, generator_state, restore_state, same_state
+from ._written import (
+    UNDECLARED,
+    OutCopies,
+    WriteWatch,
+    plain_tensor_attrs,
+    state_buffers,
+    versions,
+    written,
+)
 
 __all__ = ["FunctionalCall", "meta_copy"]
 
@@ -51,13 +62,17 @@ class FunctionalCall(Layer):
     ``params`` (dotted ``state_dict`` names, every parameter and buffer) and
     the inputs. Buffers are cloned first, so a forward that writes into them
     writes into a temporary: the caller's TensorDict (and the module it came
-    from) are unchanged. When the module holds a BatchNorm in training mode
-    (``stateful``), the call returns ``(out, new_state)``: those clones, the
-    new running statistics (see ``functd.nn.update_state``). The weight of an
-    ``Embedding(max_norm=...)`` is renormalised in a temporary too.
+    from) are unchanged. When the module writes buffers that are state
+    (``stateful``: BatchNorm or spectral_norm in training mode, or the buffers
+    named in ``state``), the call returns ``(out, new_state)``: those buffers
+    after the call (see ``functd.nn.update_state``). A write to any other
+    buffer (in place or ``self.buf = ...``) raises after the call, naming it: it
+    is never dropped silently. The weight of an ``Embedding(max_norm=...)`` is
+    renormalised in a temporary too.
 
-    Randomness: when any submodule is in training mode the layer is ``random``
-    and its forward runs under ``KeyedRandom(key)``: ``nn.Dropout``,
+    Randomness: when a submodule in training mode may draw (a dropout with
+    ``p > 0``, a forward calling ``F.dropout``...) the layer is ``random``; in
+    training mode its forward runs under ``KeyedRandom(key)``: ``nn.Dropout``,
     ``F.dropout``, RNN inter-layer dropout, attention dropout, ``torch.rand``...
     draw from the call's ``key`` (the same key gives the same output). Without
     a key such a draw raises, naming the function. Eval mode draws nothing.
@@ -68,8 +83,13 @@ class FunctionalCall(Layer):
 
     Args:
         module: any ``torch.nn.Module``.
+        state: dotted names of buffers its ``forward`` writes (a running mean, a
+            step count...) beyond those functd knows (BatchNorm's statistics and
+            spectral_norm's ``_u``/``_v`` in training mode): returned as new state.
 
     Raises:
+        KeyError: a name of ``state`` is not a buffer of ``module``.
+        RuntimeError: from a call whose forward wrote a buffer that is not state.
         NotImplementedError: from ``init``; see ``functd.nn.state_to_td``.
 
     Example:
@@ -80,44 +100,53 @@ class FunctionalCall(Layer):
     """
 
     if TYPE_CHECKING:  # set with object.__setattr__ (frozen)
+        _attrs: ClassVar[Any]
+        _bslots: ClassVar[Any]
+        _buffers: ClassVar[Any]
         _clone: ClassVar[Any]
         _frozen: ClassVar[Any]
         _label: ClassVar[Any]
         _lock: ClassVar[Any]
+        _random: ClassVar[Any]
         _slots: ClassVar[Any]
         _stats: ClassVar[Any]
         _training: ClassVar[Any]
 
     module: nn.Module
+    state: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.module, nn.Module):
             raise TypeError(
                 f"FunctionalCall(module) takes an nn.Module; got {type(self.module).__name__}"
             )
+        if isinstance(self.state, str) or not all(isinstance(n, str) for n in self.state):
+            raise TypeError(
+                f"FunctionalCall({type(self.module).__name__}, state=...): state takes a list "
+                f"of dotted buffer names, e.g. state=['stats.count']; got {self.state!r}."
+            )
         meta = meta_copy(self.module)
         object.__setattr__(self, "module", meta)
-        clone = {name for name, _ in meta.named_buffers()}
+        object.__setattr__(self, "state", tuple(self.state))
+        buffers = tuple(name for name, _ in meta.named_buffers())
+        clone = set(buffers)
         for prefix, sub in meta.named_modules():
             if getattr(sub, "max_norm", None) is not None:  # F.embedding renorms in place
                 clone.update(f"{prefix}.{n}" if prefix else n for n, _ in sub.named_parameters())
-        stats = tuple(
-            f"{prefix}.{n}" if prefix else n
-            for prefix, sub in meta.named_modules()
-            if isinstance(sub, nn.modules.batchnorm._NormBase)
-            and sub.training
-            and sub.track_running_stats
-            for n, _ in sub.named_buffers(recurse=False)
-        )
         frozen = tuple(
             tuple(n.split(".")) for n, p in meta.named_parameters() if not p.requires_grad
         )
+        slots = _slots(meta)
         set_derived(
             self,
             _clone=frozenset(clone),
-            _stats=stats,
-            _slots=_slots(meta),
+            _stats=state_buffers(meta, self.state),
+            _buffers=buffers,
+            _bslots=tuple((n, d, attr) for n in buffers for d, attr, _ in slots[n]),
+            _attrs=plain_tensor_attrs(meta),
+            _slots=slots,
             _training=any(m.training for m in meta.modules()),
+            _random=may_draw(meta),
             _frozen=frozen,
             _label=f"FunctionalCall({type(meta).__name__})",
             _lock=threading.Lock(),
@@ -125,13 +154,14 @@ class FunctionalCall(Layer):
 
     @property
     def random(self) -> bool:  # type: ignore[override]
-        """True when some submodule is in training mode: the call may draw, from ``key``."""
-        return self._training
+        """True when a submodule in training mode may draw random numbers (a dropout with
+        ``p > 0``...; see ``functd/nn/_draws.py``): the call then takes a ``key``."""
+        return self._random
 
     @property
     def stateful(self) -> bool:
-        """True when the module holds a BatchNorm in training mode: a call then
-        returns ``(out, new_state)`` with its new running statistics."""
+        """True when the module writes buffers that are state (BatchNorm or spectral_norm
+        in training mode, or ``state`` names some): a call then returns ``(out, new_state)``."""
         return bool(self._stats)
 
     def _specs(self) -> dict[str, Any]:
@@ -152,7 +182,7 @@ class FunctionalCall(Layer):
         meta copy: nothing is written); ``self`` when every submodule is in that mode."""
         if all(m.training == training for m in self.module.modules()):
             return self
-        return FunctionalCall(meta_copy(self.module).train(training))
+        return FunctionalCall(meta_copy(self.module).train(training), self.state)
 
     def frozen_paths(self) -> tuple[tuple[str, ...], ...]:
         """Paths of the parameters that had ``requires_grad=False`` when wrapped."""
@@ -171,23 +201,23 @@ class FunctionalCall(Layer):
         """The call with the forward's inputs by position and by name, and the PRNG
         ``key`` apart (a forward may have an argument named ``key``)."""
         flat = flat_state(params)
+        if not self._clone:  # no buffer: nothing to clone, watch or return
+            return self._run(flat, args, kwargs, key)
         for name in self._clone.intersection(flat):
             flat[name] = flat[name].clone()
-        if not self._training:
-            out = self._forward(flat, args, kwargs)
-        elif torch.compiler.is_compiling():
-            with KeyedRandom(key, self._label):
-                out = self._forward(flat, args, kwargs)
-        else:
-            before = generator_state()
-            with KeyedRandom(key, self._label):
-                out = self._forward(flat, args, kwargs)
-            if not same_state(before, generator_state()):
-                restore_state(before)
-                raise RuntimeError(GLOBAL_DRAW.format(owner=self._label))
+        out, wrote = self._watched(flat, args, kwargs, key)
+        wrote = [n for n in wrote if n not in self._stats]
+        if wrote:
+            raise RuntimeError(
+                UNDECLARED.format(
+                    owner=self._label,
+                    names=", ".join(repr(n) for n in wrote),
+                    names_list=[*self.state, *wrote],
+                )
+            )
         if not self._stats:
             return out
-        state: dict[str, Any] = {}  # the clones the forward wrote into: the new statistics
+        state: dict[str, Any] = {}  # the buffers after the call: the new state
         for name in self._stats:
             *parents, leaf = name.split(".")
             node = state
@@ -196,9 +226,54 @@ class FunctionalCall(Layer):
             node[leaf] = flat[name]
         return out, TensorDict(state, [])
 
-    def _forward(self, flat: dict, args: tuple, kwargs: dict) -> Any:
+    def _watched(self, flat: dict, args: tuple, kwargs: dict, key: Any) -> tuple[Any, list]:
+        """``_run``, and the names of the buffers it wrote (see ``_written.py``)."""
+        watch = self._buffers
+        try:
+            given = [flat[n] for n in watch]
+        except KeyError:
+            _bad_names(self, flat)
+        if torch.compiler.is_compiling():  # a version counter is a symbol there
+            hit: set[str] = set()
+            with WriteWatch(dict(zip(watch, given)), hit):
+                out = self._run(flat, args, kwargs, key)
+            moved = [n for n, t in zip(watch, given) if n in hit or flat[n] is not t]
+            return out, moved
+        if is_wrapped is None or any(map(is_wrapped, given)):  # under torch.func
+            before = versions(given, False)
+            with OutCopies(given):  # writes through out= as copies, which vmap batches
+                out = self._run(flat, args, kwargs, key)
+            return out, written(flat, watch, given, before, False)
+        before = [t._version for t in given]  # plain tensors: written out, the hot path
+        out = self._run(flat, args, kwargs, key)
+        return out, [
+            n for n, t, v in zip(watch, given, before) if flat[n] is not t or t._version != v
+        ]
+
+    def _run(self, flat: dict, args: tuple, kwargs: dict, key: Any) -> Any:
+        """The forward under ``KeyedRandom`` in training mode (see the class docstring)."""
+        if not self._training:
+            return self._forward(flat, args, kwargs)
         if torch.compiler.is_compiling():
-            return torch.func.functional_call(self.module, flat, args, kwargs, strict=True)
+            with KeyedRandom(key, self._label):
+                return self._forward(flat, args, kwargs)
+        before = generator_state()
+        with KeyedRandom(key, self._label):
+            out = self._forward(flat, args, kwargs)
+        if not same_state(before, generator_state()):
+            restore_state(before)
+            raise RuntimeError(GLOBAL_DRAW.format(owner=self._label))
+        return out
+
+    def _forward(self, flat: dict, args: tuple, kwargs: dict) -> Any:
+        """Run the meta copy's forward on ``flat``; a buffer the forward reassigned
+        (``self.buf = ...``) is left in ``flat`` (``functional_call`` does the same)."""
+        if torch.compiler.is_compiling():
+            try:
+                return torch.func.functional_call(self.module, flat, args, kwargs, strict=True)
+            finally:
+                for d, attr, meta in self._attrs:
+                    d[attr] = meta
         slots = self._slots
         if len(flat) != len(slots):
             _bad_names(self, flat)
@@ -210,17 +285,23 @@ class FunctionalCall(Layer):
                         _bad_names(self, flat)
                     for d, attr, _ in places:
                         d[attr] = value
-                return self.module(*args, **kwargs)
+                out = self.module(*args, **kwargs)
+                for name, d, attr in self._bslots:
+                    if d[attr] is not flat[name]:
+                        flat[name] = d[attr]
+                return out
             finally:  # the meta tensors back: the copy keeps nothing of the call
                 for places in slots.values():
                     for d, attr, meta in places:
                         d[attr] = meta
+                for d, attr, meta in self._attrs:
+                    d[attr] = meta
 
     def __repr__(self) -> str:
         return f"FunctionalCall({type(self.module).__name__} at {id(self):#x})"
 
     def __deepcopy__(self, memo: dict) -> FunctionalCall:
-        return FunctionalCall(self.module)  # a fresh meta copy, lock and slots
+        return FunctionalCall(self.module, self.state)  # a fresh meta copy, lock and slots
 
 
 def _slots(meta: nn.Module) -> dict[str, tuple]:
@@ -242,7 +323,7 @@ def _slots(meta: nn.Module) -> dict[str, tuple]:
     return {name: tuple(p) for name, p in places.items()}
 
 
-def _bad_names(layer: FunctionalCall, flat: dict) -> None:
+def _bad_names(layer: FunctionalCall, flat: dict) -> NoReturn:
     missing = sorted(set(layer._slots) - set(flat))
     extra = sorted(set(flat) - set(layer._slots))
     raise KeyError(
@@ -265,5 +346,9 @@ def meta_copy(module: nn.Module) -> nn.Module:
         elif is_dtensor(t):  # FSDP2 / DTensor shards: a meta tensor of the global shape
             meta = torch.empty(t.shape, dtype=t.dtype, device="meta")
             memo[id(t)] = nn.Parameter(meta, t.requires_grad) if t.requires_grad else meta
+    for sub in module.modules():  # plain tensor attributes (weight_norm's hook recomputes
+        for v in vars(sub).values():  # `weight`, a non-leaf tensor deepcopy refuses)
+            if type(v) is Tensor and id(v) not in memo:
+                memo[id(v)] = torch.empty_like(v, device="meta")
     fsdp_meta_copy(module, memo)  # FSDP2 modules forbid deepcopy: their original class
     return copy.deepcopy(module, memo).to("meta")
