@@ -326,6 +326,21 @@ def test_torch_gru_without_dropout_in_a_wrapped_module_vmaps_as_torch():
         torch.testing.assert_close(out[i], net(td["x"]), **TOL)
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+def test_torch_rnn_in_a_wrapped_module_vmaps_over_params_in_eval_mode(kind):
+    """Eval mode too: the RNN inside a module functd cannot lower runs functd's loop
+    under vmap (torch's fused op has no batching rule); each member equals torch's."""
+    net = _Net(kind).double().eval()
+    mod = fd.Module(net, ["x"], ["y"])
+    params, td = fd.from_module(mod), fd.TensorDict({"x": _x(net.rnn)}, [2])
+    ens = fd.stack([params.apply(lambda t, i=i: t * (1 + 0.1 * i)) for i in range(3)])
+    out = fd.vmap(lambda p: mod(p, td)["y"])(ens)
+    assert not mod.random
+    for i in range(3):
+        fd.to_module(ens[i], net)
+        torch.testing.assert_close(out[i], net(td["x"]), **TOL)
+
+
 class _Packed(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -146,6 +146,9 @@ class FunctionalCall(Layer):
             _attrs=plain_tensor_attrs(meta),
             _slots=slots,
             _training=any(m.training for m in meta.modules()),
+            # an eval-mode RNN still goes through KeyedRandom: its handler runs functd's
+            # loop where torch's fused op cannot (vmap, grad of an ensemble)
+            _rnns=any(isinstance(m, nn.RNNBase) for m in meta.modules()),
             _random=may_draw(meta),
             _frozen=frozen,
             _label=f"FunctionalCall({type(meta).__name__})",
@@ -253,7 +256,10 @@ class FunctionalCall(Layer):
     def _run(self, flat: dict, args: tuple, kwargs: dict, key: Any) -> Any:
         """The forward under ``KeyedRandom`` in training mode (see the class docstring)."""
         if not self._training:
-            return self._forward(flat, args, kwargs)
+            if not self._rnns:
+                return self._forward(flat, args, kwargs)
+            with KeyedRandom(key, self._label):
+                return self._forward(flat, args, kwargs)
         if torch.compiler.is_compiling():
             with KeyedRandom(key, self._label):
                 return self._forward(flat, args, kwargs)
