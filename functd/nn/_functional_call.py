@@ -108,6 +108,7 @@ class FunctionalCall(Layer):
         _label: ClassVar[Any]
         _lock: ClassVar[Any]
         _random: ClassVar[Any]
+        _rnns: ClassVar[Any]
         _slots: ClassVar[Any]
         _stats: ClassVar[Any]
         _training: ClassVar[Any]
