@@ -31,6 +31,7 @@ from ._binding import raise_held
 from ._call import _NOPE, bad_params, get_path, missing_input
 from ._outputs import _write_outputs
 from ._params_check import placed_inputs
+from ._raised import CAUGHT, in_module
 
 __all__ = ["Form", "Step", "inlinable", "run_step"]
 
@@ -123,7 +124,13 @@ def run_step(
     args = read(m, s, data)
     if s.token is not None:
         args = checked_params(m, s, params, args)
-    out = call(s, params, args, None if opts is None else opts.key)
+    try:
+        out = call(s, params, args, None if opts is None else opts.key)
+    except CAUGHT as e:  # (free until raised) torch's error, naming the module
+        new = in_module(m, e, args, params)
+        if new is None:
+            raise
+        raise new from e
     if s.stateful:
         out, state = out
         _write_outputs(m, data, bs, out)
