@@ -10,7 +10,6 @@ original's logits. docs/guides/files.md shows the same readers (run by test_docs
 
 from __future__ import annotations
 
-import os
 import warnings
 
 import pytest
