@@ -216,6 +216,27 @@ def test_a_plain_function_error_names_the_module_too():
         m(None, _td(a=torch.zeros(2, 3), b=torch.zeros(2, 3, dtype=torch.long)))
 
 
+def test_a_distribution_refusing_its_arguments_names_the_head_and_its_position():
+    from torch import distributions as D
+
+    head = fd.Probabilistic(["loc", "scale"], ["a"], distribution_class=D.Normal)
+    policy = fd.ProbabilisticSequential(
+        fd.Module(nn.Linear(3, 2), ["x"], ["loc"]),
+        fd.Module(lambda loc: -loc.abs() - 1, ["loc"], ["scale"]),  # negative scales
+        head,
+    )
+    td = _td(x=torch.zeros(5, 3))
+    with pytest.raises(
+        ValueError,
+        match=r"^Probabilistic\(Normal -> 'a'\) \(module 2 of ProbabilisticSequential\(3 "
+        r"modules -> 'loc', 'scale', 'a'\)\) failed on its inputs 'loc' float32\[5, 2\], "
+        r"'scale' float32\[5, 2\] \(check their shapes, dtypes and values\): Expected "
+        r"parameter scale",
+    ) as info:
+        policy(policy.init(fd.random.key(0)), td, key=fd.random.key(1))
+    assert type(info.value) is ValueError and type(info.value.__cause__) is ValueError
+
+
 @pytest.mark.compile
 def test_dynamo_errors_go_through_unchanged():
     seq, td, params = _three()

@@ -48,18 +48,17 @@ class _Where:
     """What the message says: the module, its inputs and params (formatted once, where
     it raised), the sequence positions it ran at (innermost first), torch's message."""
 
-    __slots__ = ("inputs", "label", "original", "params", "path")
+    __slots__ = ("hint", "inputs", "label", "original", "params", "path")
 
-    def __init__(self, label: str, inputs: str, params: str, original: str) -> None:
-        self.label, self.inputs, self.params, self.original = label, inputs, params, original
+    def __init__(self, label: str, inputs: str, params: str, e: BaseException) -> None:
+        self.label, self.inputs, self.params, self.original = label, inputs, params, str(e)
+        what = "shapes, dtypes and values" if type(e) is ValueError else "shapes and dtypes"
+        self.hint = f"check their {what}"
         self.path: list[str] = []
 
     def message(self) -> str:
         where = f" ({', in '.join(self.path)})" if self.path else ""
-        return (
-            f"{self.label}{where} failed on {self.inputs}{self.params} (check their shapes "
-            f"and dtypes): {self.original}"
-        )
+        return f"{self.label}{where} failed on {self.inputs}{self.params} ({self.hint}): {self.original}"
 
 
 def _leaf(v: Any) -> str:
@@ -98,7 +97,7 @@ def in_module(m: Any, e: BaseException, args: Any, params: Any) -> BaseException
     if type(e) not in _REWRITTEN or hasattr(e, _ATTR) or is_dynamo_compiling():
         return None
     try:
-        where = _Where(m._label(), _inputs(m.in_keys, args), _params(params), str(e))
+        where = _Where(m._label(), _inputs(m.in_keys, args), _params(params), e)
         new = type(e)(where.message())
     except Exception:  # a message we cannot build: torch's error as it is
         return None
