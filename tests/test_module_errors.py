@@ -150,6 +150,22 @@ def test_a_nested_sequential_names_both_positions_innermost_first():
         outer(outer.init(fd.random.key(0)), _td(x=torch.randn(5, 4)))
 
 
+def test_a_child_without_params_is_named_by_its_position_in_the_loop():
+    inner = fd.Sequential(
+        fd.Module(nn.Linear(4, 4), ["x"], ["h"]),
+        fd.Module(lambda h: h @ torch.ones(3, 1), ["h"], ["w"]),  # no params
+        selected_out_keys=["w"],  # kept whole: its own loop runs it
+    )
+    outer = fd.Module(torch.tanh, ["x"], ["x2"]) >> inner
+    with pytest.raises(
+        RuntimeError,
+        match=r"^Module\(lambda -> 'w'\) \(module 1 of Sequential\(2 modules -> 'w'\), in "
+        r"module 1 of Sequential\(2 modules -> 'x2', 'w'\)\) failed on its input 'h' "
+        r"float32\[5, 4\] \(check their shapes and dtypes\): mat1 and mat2 shapes",
+    ):
+        outer(outer.init(fd.random.key(0)), _td(x=torch.randn(5, 4)))
+
+
 def test_under_vmap_the_module_and_one_examples_shapes_are_named():
     seq, td, params = _three()
     with pytest.raises(

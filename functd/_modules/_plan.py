@@ -199,7 +199,7 @@ def _compile(seq: Any, layout: tuple):
     filename = f"<functd plan {next(_numbers)} of {seq._label()}>"
     exec(compile(src, filename, "exec"), ns)
     plan = ns["plan"]
-    plan.sites = ns.pop("SITES")  # type: ignore[attr-defined]  # (in_plan reads them)
+    plan.sites = ns.pop("SITES")  # (in_plan reads them)
     # the source, for tracebacks and inspect, for as long as the plan lives
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     weakref.finalize(plan, linecache.cache.pop, filename, None)
@@ -247,7 +247,8 @@ class _Writer:
         self.count = 0
         # plan line -> (child, its input locals, its params local): where each child's
         # call is, for the error of a call that raises (``in_plan``)
-        self.ns["SITES"] = self.sites = {}
+        self.sites: dict[int, tuple[int, list[str] | None, str | None]] = {}
+        self.ns["SITES"] = self.sites
         self.deep: set[str] = set()  # locals known to have a dim beyond the batch dims
 
     def emit(self, line: str) -> None:

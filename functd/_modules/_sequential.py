@@ -426,7 +426,7 @@ class SequenceKind(ModuleKind):
                         self._bad_params(params, c.name, c.module)
                 raise
             except CAUGHT as e:  # (free until raised) the position of a module's error
-                in_sequence(self, name, e)
+                in_sequence(self, next(c.name for c in self._child_steps if c.step is step), e)
                 raise
             self._drop_unselected(data)
             return None
