@@ -69,7 +69,7 @@ def _leaf(v: Any) -> str:
     return type(v).__name__
 
 
-def _inputs(in_keys: tuple, args: Any) -> str:
+def _inputs(in_keys: tuple[Any, ...], args: Any) -> str:
     if args is None:
         return f"its input(s) {E.fmt_keys(in_keys)}"
     parts = [f"{E.fmt_key(k)} {_leaf(v)}" for k, v in zip(in_keys, args)]
