@@ -29,6 +29,9 @@ dict in recency order; a call with the same layout as the last one skips the
 bookkeeping), and lives on the Sequential itself, so dropping the module drops
 its plans. The source is registered with ``linecache`` under the plan's file
 name for as long as the plan lives, so a traceback through a plan shows its lines.
+An error that a child's call raises is named as ``_step.run_step`` names it
+(``_raised.py``: the module, its inputs, its position): the plan's line where it
+raised tells the child (``in_plan``), at no cost until something raises.
 
 No user value becomes source code: keys, param entry names and argument names
 are bound in the plan's namespace (``K0 = 'x'``) and reach its body as

@@ -118,7 +118,8 @@ def run_step(
     m: Any, s: Step, params: Any, data: dict, bs: torch.Size, opts: Any
 ) -> TensorDict | None:
     """The reference step: read from the working dict ``data``, check, call, write into
-    it; return the new running statistics of a stateful layer (``opts.collect``)."""
+    it; return the new running statistics of a stateful layer (``opts.collect``). An error
+    the call raises is re-raised naming the module and its inputs (``_raised.py``)."""
     if s.stateful and (opts is None or not opts.collect):
         raise RuntimeError(E.STATE_DROPPED.format(label=m._label(), what="it"))
     args = read(m, s, data)
