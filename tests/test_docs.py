@@ -82,7 +82,7 @@ def test_the_readme_links_the_guides_and_names_make_docs():
 
 PAGES = [p.relative_to(ROOT).as_posix() for p in doc_examples.pages()]
 SEPARATE = {"docs/guides/data-parallel.md"}  # starts a process group: its own process
-NEEDS = {"docs/guides/hf-models.md": "transformers", "docs/guides/files.md": "safetensors"}
+NEEDS = {"docs/guides/hf-models.md": "transformers", "docs/guides/files.md": "transformers"}
 
 
 def test_the_guides_have_examples():

@@ -29,6 +29,9 @@ dict in recency order; a call with the same layout as the last one skips the
 bookkeeping), and lives on the Sequential itself, so dropping the module drops
 its plans. The source is registered with ``linecache`` under the plan's file
 name for as long as the plan lives, so a traceback through a plan shows its lines.
+An error that a child's call raises is named as ``_step.run_step`` names it
+(``_raised.py``: the module, its inputs, its position): the plan's line where it
+raised tells the child (``in_plan``), at no cost until something raises.
 
 No user value becomes source code: keys, param entry names and argument names
 are bound in the plan's namespace (``K0 = 'x'``) and reach its body as
@@ -61,6 +64,7 @@ from ..random import fold_in
 from ._call import ModuleKind, bad_params
 from ._outputs import _write_outputs
 from ._params_check import _check_params
+from ._raised import CAUGHT, in_module, in_sequence
 from ._step import Form, Step, inlinable
 
 __all__ = ["MAX_PLANS", "call", "layout_key", "plan_source", "reference"]
@@ -146,7 +150,13 @@ def call(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict:
     plans = seq._plans
     plan = plans.get(layout)
     if plan is not None and plan is seq._plan_mru:  # the last call's layout: no bookkeeping
-        out = plan(params, td._data, td._batch_size, opts)
+        try:
+            out = plan(params, td._data, td._batch_size, opts)
+        except CAUGHT as e:  # (free until raised) naming the child that raised
+            new = in_plan(seq, plan, e)
+            if new is None:
+                raise
+            raise new from e
         return out if out is not None else ModuleKind.run_td(seq, params, td, opts)
     if plan is None:
         plan = _compile(seq, layout)
@@ -157,7 +167,13 @@ def call(seq: Any, params: Any, td: TensorDict, opts: Any) -> TensorDict:
     if plan is not seq._plan_mru:
         plans[layout] = plan  # the most recently used goes last
         object.__setattr__(seq, "_plan_mru", plan)
-    out = plan(params, td._data, td._batch_size, opts)
+    try:
+        out = plan(params, td._data, td._batch_size, opts)
+    except CAUGHT as e:
+        new = in_plan(seq, plan, e)
+        if new is None:
+            raise
+        raise new from e
     return out if out is not None else ModuleKind.run_td(seq, params, td, opts)
 
 
@@ -186,6 +202,7 @@ def _compile(seq: Any, layout: tuple):
     filename = f"<functd plan {next(_numbers)} of {seq._label()}>"
     exec(compile(src, filename, "exec"), ns)
     plan = ns["plan"]
+    plan.sites = ns.pop("SITES")  # (in_plan reads them)
     # the source, for tracebacks and inspect, for as long as the plan lives
     linecache.cache[filename] = (len(src), None, src.splitlines(True), filename)
     weakref.finalize(plan, linecache.cache.pop, filename, None)
@@ -231,10 +248,19 @@ class _Writer:
         self.dirty: set[str] = set()
         self.base_is_data = True
         self.count = 0
+        # plan line -> (child, its input locals, its params local): where each child's
+        # call is, for the error of a call that raises (``in_plan``)
+        self.sites: dict[int, tuple[int, list[str] | None, str | None]] = {}
+        self.ns["SITES"] = self.sites
         self.deep: set[str] = set()  # locals known to have a dim beyond the batch dims
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
+
+    def site(self, i: int, args: list[str] | None, p: str) -> None:
+        """The line just emitted calls child ``i`` (``args``: its input locals; None:
+        the child runs its own step)."""
+        self.sites[len(self.lines) + 1] = (i, args, p if p.startswith("p") else None)
 
     def c(self, value: str) -> str:
         """The local bound to ``value``: user values live in the namespace, never in the
@@ -306,6 +332,7 @@ class _Writer:
         vs = [self.fresh() for _ in outs]
         if len(outs) == 1:
             self.emit(f"{vs[0]} = {call}")
+            self.site(i, args, p)
             self.emit(f"if {self.bad_output(vs[0], s, args)}:")
             self.emit(f"    {vs[0]} = _write1(M{i}, bs, {vs[0]}, {self.c(outs[0])})")
             if (s.same_shape or (s.inline is not None and s.inline.keeps_lead)) and (
@@ -315,6 +342,7 @@ class _Writer:
         else:
             self.ns["_write_n"] = _write_n
             self.emit(f"{', '.join(vs)}, = _write_n(M{i}, bs, {call})")
+            self.site(i, args, p)
         for o, v in zip(outs, vs):
             if o not in self.order:
                 self.order.append(o)
@@ -385,6 +413,7 @@ class _Writer:
         )
         self.ns[f"R{i}"] = step  # the step the loop runs for this child
         self.emit(f"R{i}({p}, d, bs, {o})")
+        self.site(i, None, p)
         self.emit("base = d")
         self.base_is_data = False
         for k in getattr(m, "_drop", ()):  # what a Sequential child removes
@@ -425,3 +454,28 @@ class _Writer:
         bound = "".join(f", {n}={n}" for n in self.consts.values())
         head = f"def plan(params, data, bs, opts{', *' if bound else ''}{bound}):\n"
         return head + "\n".join(self.lines) + "\n", self.ns
+
+
+_WRITERS = (_write1.__code__, _write_n.__code__)
+
+
+def in_plan(seq: Any, plan: Any, e: BaseException) -> BaseException | None:
+    """The error to raise (``from e``) for ``e``, raised by ``seq``'s ``plan``: a child's
+    call that raised (found by the plan's line in the traceback) named as the step
+    names it (``_raised.in_module``), with its position; None: re-raise ``e``."""
+    sites, tb = getattr(plan, "sites", None), e.__traceback__
+    while tb is not None and tb.tb_frame.f_code is not getattr(plan, "__code__", None):
+        tb = tb.tb_next
+    site = None if tb is None or not sites else sites.get(tb.tb_lineno)
+    if site is None:
+        return None  # raised outside a child's call (its params check, its outputs')
+    i, argv, pv = site
+    child = seq._child_steps[i]
+    nxt = tb.tb_next  # type: ignore[union-attr]
+    new = None
+    if argv is not None and (nxt is None or nxt.tb_frame.f_code not in _WRITERS):
+        local = tb.tb_frame.f_locals  # type: ignore[union-attr]
+        args = [local.get(v) for v in argv]
+        new = in_module(child.module, e, args, None if pv is None else local.get(pv))
+    in_sequence(seq, child.name, e if new is None else new)
+    return new

@@ -49,6 +49,7 @@ from ._distributions import (
 )
 from ._outputs import _write
 from ._prob_args import _freeze, parse_head, write_composite
+from ._raised import CAUGHT, in_module
 from ._sequential import Sequential
 
 __all__ = ["CompositeDistribution", "Probabilistic"]
@@ -380,7 +381,13 @@ class Probabilistic(ProbabilisticKind):
             if v is _NOPE:
                 missing_input(self, k, data)
             kw[name] = v
-        dist = self._fn(**kw)
+        try:
+            dist = self._fn(**kw)
+        except CAUGHT as e:  # (free until raised) the distribution refused its arguments
+            new = in_module(self, e, [kw[n] for n in self._names], None)
+            if new is None:
+                raise
+            raise new from e
         if self._composite and isinstance(dist, CompositeDistribution):
             dist._lp_keys = dict(zip(self.sample_keys, self.log_prob_keys))
             if self.composite_lp_aggregate and self.log_prob_key is not None:

@@ -27,6 +27,7 @@ from . import _plan
 from ._call import ModuleKind, Options, params_hint
 from ._keys import as_keys
 from ._plan import _early_drops
+from ._raised import CAUGHT, in_sequence
 
 __all__ = ["Child", "HotStep", "SequenceKind", "Sequential"]
 
@@ -389,7 +390,11 @@ class SequenceKind(ModuleKind):
             o = opts.with_key(fold_in(key, position)) if rnd and key is not None else opts  # type: ignore[union-attr]
             if visit is not None and visit(i, m, data, o):
                 continue
-            s = step(p, data, bs, o)
+            try:
+                s = step(p, data, bs, o)
+            except CAUGHT as e:  # (free until raised) the position of a module's error
+                in_sequence(self, name, e)
+                raise
             if s is not None:
                 states[name] = s
         return states
@@ -419,6 +424,9 @@ class SequenceKind(ModuleKind):
                 for c in self._child_steps:
                     if c.has_params and c.name not in pdata:
                         self._bad_params(params, c.name, c.module)
+                raise
+            except CAUGHT as e:  # (free until raised) the position of a module's error
+                in_sequence(self, next(c.name for c in self._child_steps if c.step is step), e)
                 raise
             self._drop_unselected(data)
             return None

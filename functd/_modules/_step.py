@@ -31,6 +31,7 @@ from ._binding import raise_held
 from ._call import _NOPE, bad_params, get_path, missing_input
 from ._outputs import _write_outputs
 from ._params_check import placed_inputs
+from ._raised import CAUGHT, in_module
 
 __all__ = ["Form", "Step", "inlinable", "run_step"]
 
@@ -117,13 +118,20 @@ def run_step(
     m: Any, s: Step, params: Any, data: dict, bs: torch.Size, opts: Any
 ) -> TensorDict | None:
     """The reference step: read from the working dict ``data``, check, call, write into
-    it; return the new running statistics of a stateful layer (``opts.collect``)."""
+    it; return the new running statistics of a stateful layer (``opts.collect``). An error
+    the call raises is re-raised naming the module and its inputs (``_raised.py``)."""
     if s.stateful and (opts is None or not opts.collect):
         raise RuntimeError(E.STATE_DROPPED.format(label=m._label(), what="it"))
     args = read(m, s, data)
     if s.token is not None:
         args = checked_params(m, s, params, args)
-    out = call(s, params, args, None if opts is None else opts.key)
+    try:
+        out = call(s, params, args, None if opts is None else opts.key)
+    except CAUGHT as e:  # (free until raised) torch's error, naming the module
+        new = in_module(m, e, args, params)
+        if new is None:
+            raise
+        raise new from e
     if s.stateful:
         out, state = out
         _write_outputs(m, data, bs, out)
