@@ -61,6 +61,9 @@ class TensorDict:
         ValueError: a leaf's leading dims differ from batch_size, a batch dim is
             negative, or a leaf is not on ``device``.
 
+    ``td[key]`` is typed ``Tensor | TensorDict`` (an entry may be nested); for a leaf,
+    ``td.get_tensor(key)`` is typed ``Tensor`` (a TypeError names a nested entry).
+
     Example:
         >>> td = TensorDict({"x": torch.randn(5, 3)}, batch_size=[5])
         >>> td
@@ -179,6 +182,22 @@ class TensorDict:
                 raise KeyError(E.missing_key(path, path[:i], node._data, i))
             node = value
         return node
+
+    def get_tensor(self, key: Key) -> torch.Tensor:
+        """The tensor leaf at ``key`` (str or tuple path), typed ``Tensor``: ``td[key]``
+        without a cast under mypy. A missing key raises ``td[key]``'s KeyError.
+
+        Example:
+            >>> loss = (td.get_tensor("pred") - td.get_tensor(("obs", "y"))).pow(2).mean()
+        """
+        value = self.get(key)
+        if isinstance(value, torch.Tensor):
+            return value
+        raise TypeError(
+            f"TensorDict.get_tensor({key!r}): the entry is a nested TensorDict with keys "
+            f"{E.fmt_keys(value.keys())}, not a tensor; name a leaf, e.g. "
+            f"{(*key_path(key), next(iter(value.keys()), '...'))!r}, or use td[{key!r}]."
+        )
 
     @overload
     def __getitem__(self, index: str | tuple[str, ...]) -> torch.Tensor | TensorDict: ...

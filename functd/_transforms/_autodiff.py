@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 import torch
 import torch.utils._pytree as torch_pytree
@@ -36,6 +36,10 @@ from ._paths import fmt_path
 __all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "value_and_grad", "vjp"]
 
 Argnums = int | tuple[int, ...]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")  # the (first) argument differentiated: the gradient's type
+_R = TypeVar("_R")  # the value
+_A = TypeVar("_A")  # the aux output
 
 
 def _name(f: Callable) -> str:
@@ -227,7 +231,28 @@ def _grad_impl(f: Callable, argnums: Argnums, has_aux: bool, where_name: str):
     return run
 
 
-def grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
+# The types: the gradient of argument 0 has its type (a TensorDict for params); other
+# argnums or a has_aux that is not a literal give Callable[same params, Any].
+@overload
+def grad(
+    f: Callable[Concatenate[_T, _P], Any], argnums: Literal[0] = 0, has_aux: Literal[False] = False
+) -> Callable[Concatenate[_T, _P], _T]: ...
+@overload
+def grad(
+    f: Callable[Concatenate[_T, _P], tuple[Any, _A]],
+    argnums: Literal[0] = 0,
+    *,
+    has_aux: Literal[True],
+) -> Callable[Concatenate[_T, _P], tuple[_T, _A]]: ...
+@overload
+def grad(
+    f: Callable[Concatenate[_T, _P], tuple[Any, _A]], argnums: Literal[0], has_aux: Literal[True]
+) -> Callable[Concatenate[_T, _P], tuple[_T, _A]]: ...
+@overload
+def grad(f: Callable[_P, Any], argnums: Argnums = 0, has_aux: bool = False) -> Callable[_P, Any]: ...
+
+
+def grad(f: Callable[..., Any], argnums: Argnums = 0, has_aux: bool = False) -> Callable[..., Any]:
     """The gradient of a scalar function, shaped like its ``argnums`` arguments.
 
     Args:
@@ -265,7 +290,30 @@ def grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
     return grad_f
 
 
-def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
+@overload
+def value_and_grad(
+    f: Callable[Concatenate[_T, _P], _R], argnums: Literal[0] = 0, has_aux: Literal[False] = False
+) -> Callable[Concatenate[_T, _P], tuple[_R, _T]]: ...
+@overload
+def value_and_grad(
+    f: Callable[Concatenate[_T, _P], tuple[_R, _A]],
+    argnums: Literal[0] = 0,
+    *,
+    has_aux: Literal[True],
+) -> Callable[Concatenate[_T, _P], tuple[tuple[_R, _A], _T]]: ...
+@overload
+def value_and_grad(
+    f: Callable[Concatenate[_T, _P], tuple[_R, _A]], argnums: Literal[0], has_aux: Literal[True]
+) -> Callable[Concatenate[_T, _P], tuple[tuple[_R, _A], _T]]: ...
+@overload
+def value_and_grad(
+    f: Callable[_P, Any], argnums: Argnums = 0, has_aux: bool = False
+) -> Callable[_P, Any]: ...
+
+
+def value_and_grad(
+    f: Callable[..., Any], argnums: Argnums = 0, has_aux: bool = False
+) -> Callable[..., Any]:
     """``f``'s value and gradient in one pass, in JAX's order: ``(value, grads)``.
 
     With ``has_aux`` the result is ``((value, aux), grads)``, as in JAX (note:

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import optree
 import torch
@@ -49,16 +49,18 @@ from ._loop_checks import (
 from ._loop_index import index_mode
 
 __all__ = ["LoopWarning", "fori_loop", "scan"]
+_C = TypeVar("_C")  # the carry (as jax.lax's types; a Python scalar in it is a 0-d tensor)
+_Y = TypeVar("_Y")  # a step's output (stacked: a tensor or TensorDict stays one)
 
 
 def scan(
-    f: Callable[[Any, Any], tuple[Any, Any]],
-    init: Any,
+    f: Callable[[_C, Any], tuple[_C, _Y]],
+    init: _C,
     xs: Any = None,
     length: int | None = None,
     reverse: bool = False,
     unroll: int | bool = 1,
-) -> tuple[Any, Any]:
+) -> tuple[_C, _Y]:
     """Loop ``f(carry, x) -> (carry, y)`` over the leading dim of ``xs``, as
     ``jax.lax.scan``: returns the last carry and the ``y``s stacked along a new dim 0.
 
@@ -287,11 +289,11 @@ def stack_ys(ys: list) -> Any:
 def fori_loop(
     lower: int | Tensor,
     upper: int | Tensor,
-    body: Callable[[Tensor, Any], Any],
-    init: Any,
+    body: Callable[[Tensor, _C], _C],
+    init: _C,
     *,
     unroll: int | bool | None = None,
-) -> Any:
+) -> _C:
     """``body(i, carry) -> carry`` for ``i`` in ``range(lower, upper)``, as
     ``jax.lax.fori_loop``; ``i`` is a 0-d int64 tensor (in every mode, so the same
     body runs eager and compiled: index with it, ``xs[i]`` and ``td[i]`` included,
@@ -339,7 +341,7 @@ def fori_loop(
         init = as_carry(init, [])[0]
         _check_init(init)
         return init
-    leaves = optree.tree_leaves(init, namespace=NAMESPACE)
+    leaves: list[Any] = optree.tree_leaves(init, namespace=NAMESPACE)  # type: ignore[arg-type]
     device = next((v.device for v in leaves if isinstance(v, Tensor)), None)
     idx = torch.arange(lower, upper, dtype=torch.int64, device=device)
     carry, _ = scan(lambda c, i: (body(i, c), None), init, idx, unroll=k)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import optree
 import torch
@@ -176,6 +176,8 @@ def _move_td(td: TensorDict, d: int) -> TensorDict:
 
 
 _NONE_OUTPUT = "got type <class 'NoneType'>"
+_P = ParamSpec("_P")
+_R = TypeVar("_R")  # vmap keeps f's types: a mapped TensorDict or tensor is one still
 
 
 def _without_nones(out: Any, nones: list[int]) -> Any:
@@ -212,14 +214,14 @@ def _translate(e: RuntimeError, name: str) -> Exception | None:
 
 
 def vmap(
-    f: Callable,
+    f: Callable[_P, _R],
     in_dims: Any = 0,
     out_dims: Any = 0,
     randomness: str = "error",
     *,
     chunk_size: int | None = None,
     axis_name: str | None = None,
-) -> Callable:
+) -> Callable[_P, _R]:
     """Vectorise ``f`` over a dim of its inputs: ``torch.func.vmap`` that knows TensorDicts.
 
     Inside ``f`` a mapped TensorDict has the batch size without the mapped dim;

@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import optree
 import torch
@@ -88,7 +88,10 @@ VMAP_BELOW = (
 )
 
 
-def while_loop(cond: Callable[[Any], Any], body: Callable[[Any], Any], init: Any) -> Any:
+_C = TypeVar("_C")  # the carry (as jax.lax's types; a Python scalar in it is a 0-d tensor)
+
+
+def while_loop(cond: Callable[[_C], Any], body: Callable[[_C], _C], init: _C) -> _C:
     """Run ``carry = body(carry)`` while ``cond(carry)``, as ``jax.lax.while_loop``;
     returns the final carry (``init`` when ``cond(init)`` is False).
 
