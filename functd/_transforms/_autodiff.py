@@ -249,7 +249,9 @@ def grad(
     f: Callable[Concatenate[_T, _P], tuple[Any, _A]], argnums: Literal[0], has_aux: Literal[True]
 ) -> Callable[Concatenate[_T, _P], tuple[_T, _A]]: ...
 @overload
-def grad(f: Callable[_P, Any], argnums: Argnums = 0, has_aux: bool = False) -> Callable[_P, Any]: ...
+def grad(
+    f: Callable[_P, Any], argnums: Argnums = 0, has_aux: bool = False
+) -> Callable[_P, Any]: ...
 
 
 def grad(f: Callable[..., Any], argnums: Argnums = 0, has_aux: bool = False) -> Callable[..., Any]:

@@ -94,6 +94,7 @@ drop = fd.Module(torch.nn.Dropout(0.1), in_keys=["x"], out_keys=["x"])
 dropped = drop(drop.init(k_drop), data, key=fd.random.fold_in(k_drop, 1))
 assert_type(dropped.get_tensor("x"), Tensor)
 
+
 # a scan over steps
 def body(carry: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
     return carry + x, carry
