@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -69,6 +69,14 @@ def _hashable(v: Any) -> Any:
     return ("tensor", id(v)) if isinstance(v, torch.Tensor) else v
 
 
+class TransformUpdateFn(Protocol):
+    """The type of ``update`` (optax's name): ``update(updates, state, params=None)``."""
+
+    def __call__(
+        self, updates: TensorDict, state: TensorDict, /, params: TensorDict | None = None
+    ) -> tuple[TensorDict, TensorDict]: ...
+
+
 class GradientTransformation(NamedTuple):
     """A pair ``(init, update)`` of pure functions; see the module docstring.
 
@@ -83,7 +91,7 @@ class GradientTransformation(NamedTuple):
     """
 
     init: Callable[[TensorDict], TensorDict]
-    update: Callable[..., tuple[TensorDict, TensorDict]]
+    update: TransformUpdateFn
 
     def __repr__(self) -> str:
         name = getattr(self.update, "kwargs", {}).get("name")

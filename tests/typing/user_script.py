@@ -105,3 +105,19 @@ assert_type(final, Tensor)
 assert_type(partial, Tensor)
 assert_type(fd.fori_loop(0, 3, lambda i, c: c + i, torch.zeros(2)), Tensor)
 assert_type(fd.while_loop(lambda c: c.sum() < 5, lambda c: c + 1, torch.zeros(2)), Tensor)
+
+
+# a transformation of one's own: plain functions fit GradientTransformation's fields
+def sign_init(params: fd.TensorDict) -> fd.TensorDict:
+    return fd.TensorDict({}, [])
+
+
+def sign_update(
+    updates: fd.TensorDict, state: fd.TensorDict, params: fd.TensorDict | None = None
+) -> tuple[fd.TensorDict, fd.TensorDict]:
+    return updates.apply(lambda g: -0.01 * g.sign()), state
+
+
+sign_sgd = fd.optim.GradientTransformation(sign_init, sign_update)
+updates, _ = sign_sgd.update(grads, sign_sgd.init(params))
+assert_type(fd.optim.apply_updates(params, updates), fd.TensorDict)
