@@ -7,6 +7,7 @@ Functions here only build strings or exceptions; they never raise by themselves.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 __all__ = [
     "FrozenError",
@@ -34,7 +35,7 @@ def fmt_key(key) -> str:
     return repr(key)
 
 
-def fmt_keys(keys: Iterable, limit: int = 20) -> str:
+def fmt_keys(keys: Iterable[Any], limit: int = 20) -> str:
     keys = [fmt_key(k) for k in keys]
     if not keys:
         return "(none)"
@@ -96,7 +97,9 @@ DEVICE_MISMATCH = (
 )
 
 
-def missing_key(key, path_done: tuple, available: Iterable, nested_level: int | None) -> str:
+def missing_key(
+    key, path_done: tuple[Any, ...], available: Iterable[Any], nested_level: int | None
+) -> str:
     """Message of the KeyError for a key the TensorDict lacks."""
     head = f"TensorDict has no key {fmt_key(key)}"
     if nested_level is not None and nested_level > 0:
@@ -104,7 +107,7 @@ def missing_key(key, path_done: tuple, available: Iterable, nested_level: int | 
     return f"{head}; it has: {fmt_keys(available)}."
 
 
-def not_a_td(key, path_done: tuple, type_name: str) -> str:
+def not_a_td(key, path_done: tuple[Any, ...], type_name: str) -> str:
     return (
         f"TensorDict key {fmt_key(key)} goes through {fmt_key(path_done)}, which is a "
         f"{type_name}, not a nested TensorDict."
@@ -119,7 +122,7 @@ def index_too_many(n_used: int, batch_size) -> str:
     )
 
 
-def stack_keys(i: int, first: Iterable, other: Iterable, where: str) -> str:
+def stack_keys(i: int, first: Iterable[Any], other: Iterable[Any], where: str) -> str:
     first, other = set(first), set(other)
     only_first = sorted(first - other, key=str)
     only_other = sorted(other - first, key=str)

@@ -148,7 +148,9 @@ class _Retry(Exception):
     whether the step returns Python scalars in its carry)``."""
 
 
-def _first_call(f: Callable, weak: dict[int, Any], init_leaves: list, scalars: bool) -> Callable:
+def _first_call(
+    f: Callable[..., Any], weak: dict[int, Any], init_leaves: list[Any], scalars: bool
+) -> Callable[..., Any]:
     """``f`` as the loop calls it. Its first call (eager, the first step; compiled, the
     trace: every call sees the same types) raises ``_Retry`` when the step changes a
     weakly typed carry's dtype (JAX promotes the init) or returns a Python scalar in
@@ -193,7 +195,7 @@ def _run(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse, unroll
     return _scan_eager(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
 
 
-def _indexing(f: Callable) -> Callable:
+def _indexing(f: Callable[..., Any]) -> Callable[..., Any]:
     """``f`` run where a traced 0-d integer tensor indexes (``xs[i]``, ``_loop_index``)."""
 
     def step(c: Any, x: Any) -> Any:
@@ -241,7 +243,7 @@ def _blocked(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, k, reverse)
     order = range(k - 1, -1, -1) if reverse else range(k)
 
     def block(c: Any, xb: Any) -> tuple[Any, Any]:
-        ys: list = [None] * k
+        ys: list[Any] = [None] * k
         for j in order:
             x = None if xs_spec is None else optree.tree_unflatten(xs_spec, [v[j] for v in xb])
             c, ys[j] = _split(f(c, x))
@@ -267,7 +269,7 @@ def _concat(a: Any, b: Any) -> Any:
     return optree.tree_unflatten(spec, [torch.cat([u, v]) for u, v in zip(la, lb)])
 
 
-def stack_ys(ys: list) -> Any:
+def stack_ys(ys: list[Any]) -> Any:
     """The ``y`` of every step stacked along a new dim 0 (one ``torch.stack`` per leaf)."""
     leaves0, spec = y_leaves(ys[0])
     if not leaves0:
@@ -348,7 +350,7 @@ def fori_loop(
     return carry
 
 
-def _while(lower: Any, upper: Any, body: Callable, init: Any) -> Any:
+def _while(lower: Any, upper: Any, body: Callable[..., Any], init: Any) -> Any:
     """A loop whose bound is not known while tracing: ``fori_while`` (``_while``)."""
     try:
         from ._while import fori_while  # type: ignore[import-not-found,unused-ignore]

@@ -56,7 +56,7 @@ class Partial(Frozen):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs, **self.kwargs)
 
-    def _identity(self) -> tuple:
+    def _identity(self) -> tuple[Any, ...]:
         return (self.func, tuple(sorted((k, _hashable(v)) for k, v in self.kwargs.items())))
 
     def __repr__(self) -> str:
@@ -106,7 +106,7 @@ class GradientTransformation(NamedTuple):
         return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
 
 
-def transformation(name: str, init: Callable, update: Callable, **hparams: Any):
+def transformation(name: str, init: Callable[..., Any], update: Callable[..., Any], **hparams: Any):
     """Build a GradientTransformation from module-level ``init``/``update`` functions
     taking ``name`` and the hyper-parameters as keywords (internal helper)."""
     return GradientTransformation(
@@ -136,11 +136,11 @@ def identity() -> GradientTransformation:
 
 
 # ------------------------------------------------------------------ chain
-def _chain_init(params: TensorDict, *, name: str, txs: tuple) -> TensorDict:
+def _chain_init(params: TensorDict, *, name: str, txs: tuple[Any, ...]) -> TensorDict:
     return from_parts({str(i): tx.init(params) for i, tx in enumerate(txs)}, torch.Size([]))
 
 
-def _chain_update(updates, state, params=None, *, name: str, txs: tuple):
+def _chain_update(updates, state, params=None, *, name: str, txs: tuple[Any, ...]):
     L.check_state(f"fd.optim.{name}.update", state, tuple(str(i) for i in range(len(txs))))
     new = {}
     for i, tx in enumerate(txs):
