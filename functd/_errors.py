@@ -107,6 +107,21 @@ def missing_key(
     return f"{head}; it has: {fmt_keys(available)}."
 
 
+def wrong_entry(method: str, key: Any, value: Any) -> str:
+    """Message of the TypeError of ``td.get_tensor``/``td.get_tensordict`` given the other kind."""
+    call = f"TensorDict.{method}({key!r})"
+    if method == "get_tensor":
+        leaf = (*(key if isinstance(key, tuple) else (key,)), next(iter(value.keys()), "..."))
+        return (
+            f"{call}: the entry is a nested TensorDict with keys {fmt_keys(value.keys())}, not "
+            f"a tensor; name a leaf, e.g. {leaf!r}, or use td.get_tensordict({key!r})."
+        )
+    return (
+        f"{call}: the entry is a tensor of shape {list(value.shape)}, not a nested "
+        f"TensorDict; use td.get_tensor({key!r})."
+    )
+
+
 def not_a_td(key, path_done: tuple[Any, ...], type_name: str) -> str:
     return (
         f"TensorDict key {fmt_key(key)} goes through {fmt_key(path_done)}, which is a "

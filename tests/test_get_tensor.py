@@ -1,5 +1,6 @@
-"""``TensorDict.get_tensor``: ``td[key]`` typed ``Tensor`` for a leaf (the typed accessor
-of issue 39); a nested TensorDict is a TypeError that names the key and a leaf."""
+"""``TensorDict.get_tensor``/``get_tensordict``: ``td[key]`` typed ``Tensor`` or
+``TensorDict`` (the typed accessors of issue 39); the other kind of entry is a TypeError
+that names the key and the accessor to use."""
 
 from __future__ import annotations
 
@@ -26,8 +27,27 @@ def test_get_tensor_of_a_nested_tensordict_names_the_key_and_a_leaf():
     td = _td()
     with pytest.raises(TypeError, match=r"get_tensor\('obs'\).*nested TensorDict.*'pos'"):
         td.get_tensor("obs")
-    with pytest.raises(TypeError, match=r"e\.g\. \('obs', 'pos'\)"):
+    with pytest.raises(TypeError, match=r"e\.g\. \('obs', 'pos'\).*get_tensordict\(\('obs',\)\)"):
         td.get_tensor(("obs",))
+
+
+def test_get_tensordict_returns_the_nested_tensordict_itself():
+    td = _td()
+    assert td.get_tensordict("obs") is td["obs"]
+    assert td.get_tensordict(("obs",)) is td["obs"]
+    assert td.get_tensordict("obs").batch_size == (3,)
+
+
+def test_get_tensordict_of_a_tensor_names_the_key_its_shape_and_get_tensor():
+    td = _td()
+    with pytest.raises(
+        TypeError, match=r"get_tensordict\('x'\).*tensor of shape \[3, 2\].*get_tensor\('x'\)"
+    ):
+        td.get_tensordict("x")
+    with pytest.raises(TypeError, match=r"get_tensordict\(\('obs', 'pos'\)\).*\[3, 4\]"):
+        td.get_tensordict(("obs", "pos"))
+    with pytest.raises(KeyError, match="has no key 'y'"):
+        td.get_tensordict("y")
 
 
 def test_get_tensor_of_a_missing_key_is_the_getitem_key_error():

@@ -61,8 +61,8 @@ class TensorDict:
         ValueError: a leaf's leading dims differ from batch_size, a batch dim is
             negative, or a leaf is not on ``device``.
 
-    ``td[key]`` is typed ``Tensor | TensorDict`` (an entry may be nested); for a leaf,
-    ``td.get_tensor(key)`` is typed ``Tensor`` (a TypeError names a nested entry).
+    ``td[key]`` is typed ``Tensor | TensorDict`` (an entry may be nested): the accessors
+    ``td.get_tensor(key)`` and ``td.get_tensordict(key)`` are typed ``Tensor``/``TensorDict``.
 
     Example:
         >>> td = TensorDict({"x": torch.randn(5, 3)}, batch_size=[5])
@@ -184,20 +184,24 @@ class TensorDict:
         return node
 
     def get_tensor(self, key: Key) -> torch.Tensor:
-        """The tensor leaf at ``key`` (str or tuple path), typed ``Tensor``: ``td[key]``
-        without a cast under mypy. A missing key raises ``td[key]``'s KeyError.
+        """The tensor leaf at ``key`` (str or path), typed ``Tensor`` (a TensorDict there: TypeError).
 
         Example:
             >>> loss = (td.get_tensor("pred") - td.get_tensor(("obs", "y"))).pow(2).mean()
         """
-        value = self.get(key)
-        if isinstance(value, torch.Tensor):
+        if isinstance(value := self.get(key), torch.Tensor):
             return value
-        raise TypeError(
-            f"TensorDict.get_tensor({key!r}): the entry is a nested TensorDict with keys "
-            f"{E.fmt_keys(value.keys())}, not a tensor; name a leaf, e.g. "
-            f"{(*key_path(key), next(iter(value.keys()), '...'))!r}, or use td[{key!r}]."
-        )
+        raise TypeError(E.wrong_entry("get_tensor", key, value))
+
+    def get_tensordict(self, key: Key) -> TensorDict:
+        """The nested TensorDict at ``key``, typed ``TensorDict`` (a tensor there: a TypeError).
+
+        Example:
+            >>> dist = actor.get_dist(params.get_tensordict("actor"), td)
+        """
+        if isinstance(value := self.get(key), TensorDict):
+            return value
+        raise TypeError(E.wrong_entry("get_tensordict", key, value))
 
     @overload
     def __getitem__(self, index: str | tuple[str, ...]) -> torch.Tensor | TensorDict: ...

@@ -121,3 +121,5 @@ def sign_update(
 sign_sgd = fd.optim.GradientTransformation(sign_init, sign_update)
 updates, _ = sign_sgd.update(grads, sign_sgd.init(params))
 assert_type(fd.optim.apply_updates(params, updates), fd.TensorDict)
+assert_type(params.get_tensordict("0"), fd.TensorDict)
+assert_type(params.get_tensordict("0").get_tensor("weight"), Tensor)
