@@ -6,7 +6,7 @@ Functions here only build strings or exceptions; they never raise by themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 __all__ = [
@@ -28,7 +28,7 @@ class InplaceError(AttributeError, TypeError):
     (an AttributeError, so ``hasattr`` is False) and mutation is refused (a TypeError)."""
 
 
-def fmt_key(key) -> str:
+def fmt_key(key: Any) -> str:
     """Format a key (a str or a tuple of str) as the user wrote it."""
     if isinstance(key, tuple) and len(key) == 1:
         key = key[0]
@@ -98,7 +98,7 @@ DEVICE_MISMATCH = (
 
 
 def missing_key(
-    key, path_done: tuple[Any, ...], available: Iterable[Any], nested_level: int | None
+    key: Any, path_done: tuple[Any, ...], available: Iterable[Any], nested_level: int | None
 ) -> str:
     """Message of the KeyError for a key the TensorDict lacks."""
     head = f"TensorDict has no key {fmt_key(key)}"
@@ -122,14 +122,14 @@ def wrong_entry(method: str, key: Any, value: Any) -> str:
     )
 
 
-def not_a_td(key, path_done: tuple[Any, ...], type_name: str) -> str:
+def not_a_td(key: Any, path_done: tuple[Any, ...], type_name: str) -> str:
     return (
         f"TensorDict key {fmt_key(key)} goes through {fmt_key(path_done)}, which is a "
         f"{type_name}, not a nested TensorDict."
     )
 
 
-def index_too_many(n_used: int, batch_size) -> str:
+def index_too_many(n_used: int, batch_size: Sequence[int]) -> str:
     return (
         f"the index uses {n_used} dims, but the TensorDict has only {len(batch_size)} batch "
         f"dims (batch_size={list(batch_size)}). Indexing a TensorDict indexes its batch "
@@ -148,7 +148,9 @@ def stack_keys(i: int, first: Iterable[Any], other: Iterable[Any], where: str) -
     )
 
 
-def stack_shapes(i: int, key, shape0, shape_i, where: str) -> str:
+def stack_shapes(
+    i: int, key: Any, shape0: Sequence[int], shape_i: Sequence[int], where: str
+) -> str:
     return (
         f"{where}: entry {fmt_key(key)} has feature shape {list(shape0)} in TensorDict 0 "
         f"but {list(shape_i)} in TensorDict {i}. All entries must match."

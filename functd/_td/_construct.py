@@ -63,7 +63,7 @@ _EMPTY_SIZE = torch.Size([])
 _MAX_NUMEL = (1 << 63) - 1  # the most elements a torch.Size counts
 
 
-def _check_batch_size(batch_size) -> torch.Size:
+def _check_batch_size(batch_size: Any) -> torch.Size:
     if batch_size is None:
         return _EMPTY_SIZE
     if type(batch_size) is list and len(batch_size) == 1:  # the common ``[n]``

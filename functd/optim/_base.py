@@ -106,7 +106,9 @@ class GradientTransformation(NamedTuple):
         return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
 
 
-def transformation(name: str, init: Callable[..., Any], update: Callable[..., Any], **hparams: Any):
+def transformation(
+    name: str, init: Callable[..., Any], update: Callable[..., Any], **hparams: Any
+) -> GradientTransformation:
     """Build a GradientTransformation from module-level ``init``/``update`` functions
     taking ``name`` and the hyper-parameters as keywords (internal helper)."""
     return GradientTransformation(
@@ -120,7 +122,9 @@ def _identity_init(params: TensorDict, *, name: str) -> TensorDict:
     return from_parts({}, torch.Size([]))
 
 
-def _identity_update(updates, state, params=None, *, name: str):
+def _identity_update(
+    updates: TensorDict, state: TensorDict, params: TensorDict | None = None, *, name: str
+) -> tuple[TensorDict, TensorDict]:
     L.check_state(f"fd.optim.{name}.update", state, ())
     return updates, state
 
@@ -140,7 +144,14 @@ def _chain_init(params: TensorDict, *, name: str, txs: tuple[Any, ...]) -> Tenso
     return from_parts({str(i): tx.init(params) for i, tx in enumerate(txs)}, torch.Size([]))
 
 
-def _chain_update(updates, state, params=None, *, name: str, txs: tuple[Any, ...]):
+def _chain_update(
+    updates: TensorDict,
+    state: TensorDict,
+    params: TensorDict | None = None,
+    *,
+    name: str,
+    txs: tuple[Any, ...],
+) -> tuple[TensorDict, TensorDict]:
     L.check_state(f"fd.optim.{name}.update", state, tuple(str(i) for i in range(len(txs))))
     new = {}
     for i, tx in enumerate(txs):
@@ -157,7 +168,8 @@ class Chain(GradientTransformation):
     @property
     def txs(self) -> tuple[GradientTransformation, ...]:
         """The chained transformations, in order (never a chain, never identity)."""
-        return self.update.kwargs["txs"]  # type: ignore[attr-defined]
+        txs: tuple[GradientTransformation, ...] = self.update.kwargs["txs"]  # type: ignore[attr-defined]
+        return txs
 
     def __repr__(self) -> str:
         return "chain(" + ", ".join(map(repr, self.txs)) + ")"
