@@ -67,7 +67,15 @@ def _check(fn: str, state: fd.TensorDict) -> None:
 def observe(state: fd.TensorDict) -> torch.Tensor:
     """The observation ``[x, x_dot, theta, theta_dot]`` (last dim 4) in the state's dtype."""
     _check("observe", state)
-    return torch.stack([state["x"], state["x_dot"], state["theta"], state["theta_dot"]], -1)
+    return torch.stack(
+        [
+            state.get_tensor("x"),
+            state.get_tensor("x_dot"),
+            state.get_tensor("theta"),
+            state.get_tensor("theta_dot"),
+        ],
+        -1,
+    )
 
 
 def reset(key: torch.Tensor, params: fd.TensorDict) -> tuple[fd.TensorDict, torch.Tensor]:
@@ -96,7 +104,12 @@ def dynamics(
     ``action`` is 0 (push left) or 1 (push right), an integer tensor.
     """
     _check("step", state)
-    x, x_dot, theta, theta_dot = state["x"], state["x_dot"], state["theta"], state["theta_dot"]
+    x, x_dot, theta, theta_dot = (
+        state.get_tensor("x"),
+        state.get_tensor("x_dot"),
+        state.get_tensor("theta"),
+        state.get_tensor("theta_dot"),
+    )
     dtype = x.dtype
     p = {k: v.to(dtype) for k, v in params.items() if k != "max_steps"}
     total_mass = p["masspole"] + p["masscart"]
@@ -114,7 +127,7 @@ def dynamics(
         "x_dot": x_dot + tau * xacc,
         "theta": theta + tau * theta_dot,
         "theta_dot": theta_dot + tau * thetaacc,
-        "t": state["t"] + 1,
+        "t": state.get_tensor("t") + 1,
     }
     terminated = (
         (new["x"] < -p["x_threshold"])
@@ -140,10 +153,12 @@ def step(
         >>> state, obs, reward, done = step(fd.random.key(1), state, torch.tensor(1), params)
     """
     nxt, terminated = dynamics(state, action, params)
-    done = terminated | (nxt["t"] >= params["max_steps"])
+    done = terminated | (nxt.get_tensor("t") >= params.get_tensor("max_steps"))
     fresh, _ = reset(key, params)
-    out = fd.TensorDict({k: torch.where(done, fresh[k], nxt[k]) for k in STATE_KEYS})
-    reward = torch.ones_like(nxt["x"])
+    out = fd.TensorDict(
+        {k: torch.where(done, fresh.get_tensor(k), nxt.get_tensor(k)) for k in STATE_KEYS}
+    )
+    reward = torch.ones_like(nxt.get_tensor("x"))
     return out, observe(out), reward, done
 
 

@@ -12,6 +12,7 @@ Run with `make demo` (or `.venv/bin/python examples/ensembles.py`).
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -35,7 +36,7 @@ def make_mlp() -> tuple[fd.Sequential, nn.Sequential]:
     return mlp, net
 
 
-def ms(fn) -> float:
+def ms(fn: Callable[[], object]) -> float:
     fn()
     return Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.3).median * 1e3
 
@@ -62,8 +63,8 @@ def main() -> None:
     # 3. per-member gradients of a regression loss
     target = torch.sin(x.sum(-1, keepdim=True))
 
-    def loss(params, td):
-        return ((mlp(params, td)["y"] - target) ** 2).mean()
+    def loss(params: fd.TensorDict, td: fd.TensorDict) -> torch.Tensor:
+        return ((mlp(params, td).get_tensor("y") - target) ** 2).mean()
 
     losses, grads = fd.vmap(fd.value_and_grad(loss), in_dims=(0, None))(ens, td)
     print(f"\n## per-member losses\n{losses}")
@@ -72,10 +73,10 @@ def main() -> None:
     # 4. the same with 16 torch modules and a Python loop
     nets = [fd.to_module(p, copy.deepcopy(template)) for p in fd.unstack(ens)]
 
-    def loop_forward():
+    def loop_forward() -> torch.Tensor:
         return torch.stack([net(x) for net in nets])
 
-    def loop_grads():
+    def loop_grads() -> list[tuple[torch.Tensor, ...]]:
         out = []
         for net in nets:
             ps = list(net.parameters())

@@ -45,7 +45,7 @@ def build_model() -> tuple[fd.Sequential, torch.nn.Module]:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        config = transformers.BertConfig(
+        config = transformers.BertConfig(  # type: ignore[call-arg]  # attn_implementation: a **kwargs
             vocab_size=VOCAB,
             hidden_size=WIDTH,
             num_hidden_layers=2,
@@ -81,18 +81,20 @@ def main() -> None:
     head_init = fd.vmap(model.modules[2].init)(fd.random.split(k_heads, MEMBERS))
     ensemble = fd.stack([params] * MEMBERS).set("2", head_init)
 
-    def loss_fn(params, batch, key):
+    def loss_fn(params: fd.TensorDict, batch: fd.TensorDict, key: torch.Tensor) -> torch.Tensor:
         out = model(fd.combine(params, held), batch, key=key)  # dropout masks from `key`
-        return F.cross_entropy(out["logits"], batch["label"])
+        return F.cross_entropy(out.get_tensor("logits"), batch.get_tensor("label"))
 
     opt = fd.optim.adamw(3e-3, weight_decay=0.01)
     opt_state = fd.vmap(opt.init)(ensemble)
     member_step = fd.vmap(fd.train_step(loss_fn, opt), in_dims=(0, 0, None, 0))
 
-    def step(ensemble, opt_state, batch, key):  # one key per member
+    def step(
+        ensemble: fd.TensorDict, opt_state: fd.TensorDict, batch: fd.TensorDict, key: torch.Tensor
+    ) -> tuple[fd.TensorDict, fd.TensorDict, fd.TensorDict]:  # one key per member
         return member_step(ensemble, opt_state, batch, fd.random.split(key, MEMBERS))
 
-    def batches(epoch: int):
+    def batches(epoch: int) -> list[fd.TensorDict]:
         order = fd.random.permutation(fd.random.fold_in(k_steps, epoch), len(train))
         return [train[order[i : i + 64]] for i in range(0, len(train), 64)]
 
@@ -107,8 +109,8 @@ def main() -> None:
     mean_acc = (logits.softmax(-1).mean(0).argmax(-1) == test["label"]).float().mean()
     print("test accuracy per member:", [round(a, 3) for a in acc.tolist()])
     print(f"test accuracy of the averaged ensemble: {mean_acc:.3f}")
-    frozen = fd.from_module(bert)["embeddings", "word_embeddings", "weight"]
-    assert torch.equal(held["0", "embeddings", "word_embeddings", "weight"], frozen)  # untouched
+    frozen = fd.from_module(bert).get_tensor(("embeddings", "word_embeddings", "weight"))
+    assert torch.equal(held.get_tensor(("0", "embeddings", "word_embeddings", "weight")), frozen)
 
 
 if __name__ == "__main__":

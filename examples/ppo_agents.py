@@ -35,6 +35,7 @@ import math
 import pathlib
 import sys
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -44,11 +45,12 @@ from torch import distributions as D
 import functd as fd
 
 
-def _load_cartpole():
+def _load_cartpole() -> types.ModuleType:
     name = "cartpole_example"
     if name not in sys.modules:
         path = pathlib.Path(__file__).resolve().parent / "cartpole.py"
         spec = importlib.util.spec_from_file_location(name, path)
+        assert spec is not None and spec.loader is not None, path
         mod = importlib.util.module_from_spec(spec)
         sys.modules[name] = mod
         spec.loader.exec_module(mod)
@@ -86,7 +88,7 @@ class Config:
     def num_updates(self) -> int:
         return self.steps // (self.num_envs * self.num_steps)
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         batch = self.num_envs * self.num_steps
         if self.steps < batch:
             raise ValueError(
@@ -129,13 +131,16 @@ def networks(hidden: int = 64) -> tuple[fd.ProbabilisticSequential, fd.Sequentia
     return actor, critic
 
 
-def orthogonal(key: torch.Tensor, shape: tuple[int, int], gain: float, dtype) -> torch.Tensor:
+def orthogonal(
+    key: torch.Tensor, shape: tuple[int, int], gain: float, dtype: torch.dtype
+) -> torch.Tensor:
     """An orthogonal matrix times ``gain`` (flax's ``orthogonal`` initializer), from ``key``."""
     rows, cols = shape
     a = fd.random.normal(key, (max(rows, cols), min(rows, cols)), dtype)
     q, r = torch.linalg.qr(a)
     q = q * torch.sign(torch.diagonal(r, dim1=-2, dim2=-1)).unsqueeze(-2)
-    return gain * (q.mT if rows < cols else q)
+    out: torch.Tensor = gain * (q.mT if rows < cols else q)
+    return out
 
 
 def init_params(key: torch.Tensor, cfg: Config) -> fd.TensorDict:
@@ -148,9 +153,10 @@ def init_params(key: torch.Tensor, cfg: Config) -> fd.TensorDict:
     ):
         p = net.init(k, dtype=cfg.dtype)
         for j, gain in (("0", math.sqrt(2)), ("2", math.sqrt(2)), ("4", last_gain)):
-            w = p[j, "weight"]
-            w = orthogonal(fd.random.fold_in(k, int(j)), tuple(w.shape), gain, cfg.dtype)
-            p = p.set((j, "weight"), w).set((j, "bias"), torch.zeros_like(p[j, "bias"]))
+            rows, cols = p.get_tensor((j, "weight")).shape
+            w = orthogonal(fd.random.fold_in(k, int(j)), (rows, cols), gain, cfg.dtype)
+            bias = torch.zeros_like(p.get_tensor((j, "bias")))
+            p = p.set((j, "weight"), w).set((j, "bias"), bias)
         out[name] = p
     return fd.TensorDict(out)
 
@@ -233,16 +239,19 @@ def gae(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation over a [T, E] trajectory -> (advantages, targets)."""
 
-    def body(carry, t):
+    def body(
+        carry: tuple[torch.Tensor, torch.Tensor], t: fd.TensorDict
+    ) -> tuple[tuple[torch.Tensor, torch.Tensor], torch.Tensor]:
         adv, next_value = carry
-        not_done = 1.0 - t["done"].to(t["value"].dtype)
-        delta = t["reward"] + gamma * next_value * not_done - t["value"]
+        value = t.get_tensor("value")
+        not_done = 1.0 - t.get_tensor("done").to(value.dtype)
+        delta = t.get_tensor("reward") + gamma * next_value * not_done - value
         adv = delta + gamma * lam * not_done * adv
-        return (adv, t["value"]), adv
+        return (adv, value), adv
 
     xs = traj.select("reward", "value", "done")
     _, adv = scan(body, (torch.zeros_like(last_value), last_value), xs, reverse=True)
-    return adv, adv + traj["value"]
+    return adv, adv + traj.get_tensor("value")
 
 
 def ppo_loss(
@@ -251,22 +260,25 @@ def ppo_loss(
     """PPO's clipped objective (PureJaxRL's form) -> (total loss, its parts)."""
     actor, critic = networks(cfg.hidden)
     td = batch.select("observation")
-    dist = actor.get_dist(params["actor"], td)
-    log_prob = dist.log_prob(batch["action"])
+    dist = actor.get_dist(params.get_tensordict("actor"), td)
+    log_prob = dist.log_prob(batch.get_tensor("action"))
     entropy = dist.entropy().mean()
-    value = critic(params["critic"], td)["value"][..., 0]
-    old_value, target, eps = batch["value"], batch["target"], cfg.clip_eps
+    value = critic(params.get_tensordict("critic"), td).get_tensor("value")[..., 0]
+    old_value, target = batch.get_tensor("value"), batch.get_tensor("target")
+    eps = cfg.clip_eps
     value_clipped = old_value + (value - old_value).clamp(-eps, eps)
     value_loss = 0.5 * torch.maximum((value - target) ** 2, (value_clipped - target) ** 2).mean()
-    ratio = torch.exp(log_prob - batch["log_prob"])
-    adv = batch["advantage"]
+    ratio = torch.exp(log_prob - batch.get_tensor("log_prob"))
+    adv = batch.get_tensor("advantage")
     adv = (adv - adv.mean()) / (adv.std(correction=0) + 1e-8)
     actor_loss = -torch.minimum(ratio * adv, ratio.clamp(1 - eps, 1 + eps) * adv).mean()
     total = actor_loss + cfg.vf_coef * value_loss - cfg.ent_coef * entropy
     return total, {"actor_loss": actor_loss, "value_loss": value_loss, "entropy": entropy}
 
 
-def minibatch_step(carry, mb: fd.TensorDict, cfg: Config):
+def minibatch_step(
+    carry: tuple[fd.TensorDict, fd.TensorDict], mb: fd.TensorDict, cfg: Config
+) -> tuple[tuple[fd.TensorDict, fd.TensorDict], torch.Tensor]:
     """One Adam step on one minibatch -> ((params, opt_state), loss)."""
     params, opt_state = carry
     grads, parts = fd.grad(functools.partial(ppo_loss, cfg=cfg), has_aux=True)(params, mb)
@@ -274,7 +286,9 @@ def minibatch_step(carry, mb: fd.TensorDict, cfg: Config):
     return (fd.optim.apply_updates(params, updates), opt_state), parts["value_loss"]
 
 
-def _last10(buf, valid, returns, done):
+def _last10(
+    buf: torch.Tensor, valid: torch.Tensor, returns: torch.Tensor, done: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The last 10 finished episodes' returns, oldest first: ``buf`` then this update's."""
     vals = torch.cat([buf, returns.reshape(-1)])
     ok = torch.cat([valid, done.reshape(-1)])
@@ -286,14 +300,17 @@ def _last10(buf, valid, returns, done):
     return new[:10], new_ok[:10] > 0
 
 
-def prepare(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
+def prepare(
+    runner: dict[str, Any], traj: fd.TensorDict, cfg: Config
+) -> tuple[dict[str, Any], fd.TensorDict, dict[str, torch.Tensor]]:
     """What learning needs from a trajectory -> (runner, minibatches, metrics).
 
     GAE, the shuffled minibatches of every epoch (``[epochs, minibatches, size]``: epoch
     ``i`` shuffles with ``split(key, epochs)[i]``), the annealed lr, the episode statistics."""
     _, critic = networks(cfg.hidden)
     obs = fd.TensorDict({"observation": runner["obs"]}, [cfg.num_envs])
-    last_value = critic(runner["params"]["critic"], obs)["value"][..., 0]
+    params: fd.TensorDict = runner["params"]
+    last_value = critic(params.get_tensordict("critic"), obs).get_tensor("value")[..., 0]
     adv, target = gae(traj, last_value, cfg.gamma, cfg.gae_lambda)
     batch = traj.set("advantage", adv).set("target", target).reshape(-1)
     opt_state = runner["opt_state"]
@@ -303,26 +320,31 @@ def prepare(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
     key, k_epochs = fd.random.split(runner["key"]).unbind(-2)
     n = batch.batch_size[0]
 
-    def shuffle(carry, k):
+    def shuffle(carry: None, k: torch.Tensor) -> tuple[None, torch.Tensor]:
         return carry, fd.random.permutation(k, n)
 
     _, perms = scan(shuffle, None, fd.random.split(k_epochs, cfg.epochs))
     minibatches = batch[perms.reshape(-1)].reshape(cfg.epochs, cfg.minibatches, -1)
+    finished = traj.get_tensor("finished_return")
     last10, valid = _last10(
-        runner["last10"], runner["last10_valid"], traj["finished_return"], traj["done"]
+        runner["last10"], runner["last10_valid"], finished, traj.get_tensor("done")
     )
-    metrics = {"return_sum": traj["finished_return"].sum(), "episodes": traj["done"].sum()}
+    metrics = {"return_sum": finished.sum(), "episodes": traj.get_tensor("done").sum()}
     new = dict(runner, opt_state=opt_state, key=key, update=runner["update"] + 1)
     new.update(last10=last10, last10_valid=valid)
     return new, minibatches, metrics
 
 
-def learn(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
+def learn(
+    runner: dict[str, Any], traj: fd.TensorDict, cfg: Config
+) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """GAE, then ``epochs`` passes of shuffled minibatches -> (runner, metrics)."""
     runner, minibatches, metrics = prepare(runner, traj, cfg)
     step = functools.partial(minibatch_step, cfg=cfg)
 
-    def epoch(carry, epoch_minibatches):  # a scan over the epochs' minibatches
+    def epoch(
+        carry: tuple[fd.TensorDict, fd.TensorDict], epoch_minibatches: fd.TensorDict
+    ) -> tuple[tuple[fd.TensorDict, fd.TensorDict], torch.Tensor]:  # a scan over minibatches
         carry, losses = scan(step, carry, epoch_minibatches)
         return carry, losses.mean()
 
@@ -332,7 +354,7 @@ def learn(runner: dict[str, Any], traj: fd.TensorDict, cfg: Config):
     return new, dict(metrics, value_loss=losses[-1])
 
 
-def update(runner: dict[str, Any], cfg: Config):
+def update(runner: dict[str, Any], cfg: Config) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """One PPO update: a rollout, then learning from it -> (runner, metrics)."""
     runner, traj = rollout(runner, cfg)
     return learn(runner, traj, cfg)
@@ -346,7 +368,9 @@ def final_return(runner: dict[str, Any]) -> torch.Tensor:
     return torch.where(count > 0, total / count.clamp_min(1), math.nan)
 
 
-def make_train(cfg: Config) -> Callable:
+def make_train(
+    cfg: Config,
+) -> Callable[[torch.Tensor, torch.Tensor], tuple[fd.TensorDict, dict[str, torch.Tensor]]]:
     """``train(key, lr) -> (params, metrics)``: one agent's whole run, a pure function.
 
     ``metrics``: per update ``return_sum``/``episodes`` (finished episodes' returns),
@@ -358,7 +382,7 @@ def make_train(cfg: Config) -> Callable:
         >>> params, metrics = fd.vmap(train)(keys, torch.full((3,), 2.5e-4))
     """
 
-    def train(key: torch.Tensor, lr: torch.Tensor):
+    def train(key: torch.Tensor, lr: torch.Tensor) -> tuple[fd.TensorDict, dict[str, torch.Tensor]]:
         runner = init_runner(key, lr, cfg)
         one = functools.partial(update, cfg=cfg)
         runner, metrics = scan(lambda r, _: one(r), runner, None, length=cfg.num_updates)
@@ -373,7 +397,9 @@ def agent_keys(seed: int, n: int) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------- the driver
-def make_driver(cfg: Config, jit: bool = False) -> tuple[Callable, Callable]:
+def make_driver(
+    cfg: Config, jit: bool = False
+) -> tuple[Callable[..., dict[str, Any]], Callable[..., tuple[dict[str, Any], dict[str, Any]]]]:
     """(init, update) over a batch of agents: ``fd.vmap`` of the pure pieces, and with
     ``jit`` the whole update compiled, ``fd.jit(fd.vmap(update))``: one graph whose
     rollout, GAE, shuffles and minibatch epochs are torch's scan op (one per loop, not
@@ -382,7 +408,8 @@ def make_driver(cfg: Config, jit: bool = False) -> tuple[Callable, Callable]:
     vinit = fd.vmap(functools.partial(init_runner, cfg=cfg))
 
     def init(keys: torch.Tensor, lrs: torch.Tensor) -> dict[str, Any]:
-        return standard_strides(vinit(keys, lrs))
+        runner: dict[str, Any] = standard_strides(vinit(keys, lrs))
+        return runner
 
     def one_update(runner: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
         runner, metrics = update(runner, cfg)
@@ -408,8 +435,8 @@ def run(
     lrs: torch.Tensor,
     jit: bool,
     progress: bool,
-    driver: tuple[Callable, Callable] | None = None,
-):
+    driver: tuple[Callable[..., Any], Callable[..., Any]] | None = None,
+) -> tuple[dict[str, Any], dict[str, torch.Tensor], float, float]:
     """Train ``agents`` agents -> (runner, per-update metrics [agents, updates], compile
     or warm-up seconds, train seconds). ``driver``: a ``make_driver`` result to reuse
     (its compiled code serves other agent counts)."""
@@ -454,7 +481,7 @@ class _progress:
             except ImportError:
                 pass
 
-    def update(self, k: int, runner) -> None:
+    def update(self, k: int, runner: dict[str, Any]) -> None:
         self.n += k
         if not self.enabled:
             return
@@ -512,11 +539,11 @@ def plot(curve: torch.Tensor, cfg: Config, path: str) -> bool:
     return True
 
 
-def _nanmin(c):
+def _nanmin(c: torch.Tensor) -> torch.Tensor:
     return torch.where(c.isnan(), math.inf, c).amin(0)
 
 
-def _nanmax(c):
+def _nanmax(c: torch.Tensor) -> torch.Tensor:
     return torch.where(c.isnan(), -math.inf, c).amax(0)
 
 

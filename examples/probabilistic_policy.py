@@ -44,14 +44,16 @@ def main() -> None:
     # Deterministic by default: the action is the mean of the Normal, "loc".
     out = policy(params, td)
     print(f"TensorDict after going through the policy: {out}")
-    assert torch.equal(out["action"], out["loc"]) and "action" not in td
+    assert torch.equal(out.get_tensor("action"), out.get_tensor("loc")) and "action" not in td
 
     # Random: a reparameterised draw loc + eps * scale, eps from the explicit key.
     key = fd.random.key(42)
     out_r = policy(params, td, key=key, interaction=fd.InteractionType.RANDOM)
-    assert not torch.equal(out_r["action"], out_r["loc"])
+    assert not torch.equal(out_r.get_tensor("action"), out_r.get_tensor("loc"))
     with fd.set_interaction_type(fd.InteractionType.RANDOM):  # the same, as a default
-        assert torch.equal(policy(params, td, key=key)["action"], out_r["action"])
+        assert torch.equal(
+            policy(params, td, key=key).get_tensor("action"), out_r.get_tensor("action")
+        )
     print("\nrandom action[0]:", out_r["action"][0])
 
     # 8 keys under vmap: 8 independent actions for the same input (an ensemble of draws).
@@ -65,14 +67,14 @@ def main() -> None:
 
     # The distribution object, and the log-probability of a stored action.
     print("policy.get_dist(params, td):", policy.get_dist(params, td))
-    assert torch.equal(policy.log_prob(params, out_r.set("hidden", td["hidden"])),
-                       out_r["action_log_prob"])  # fmt: skip
+    stored = policy.log_prob(params, out_r.set("hidden", td["hidden"]))
+    assert isinstance(stored, torch.Tensor)  # one distribution: a tensor
+    assert torch.equal(stored, out_r.get_tensor("action_log_prob"))
 
     # Gradient of the log-probability of the sampled action w.r.t. the parameters.
     def log_prob(p: fd.TensorDict) -> torch.Tensor:
-        return policy(p, td, key=key, interaction=fd.InteractionType.RANDOM)[
-            "action_log_prob"
-        ].sum()
+        out = policy(p, td, key=key, interaction=fd.InteractionType.RANDOM)
+        return out.get_tensor("action_log_prob").sum()
 
     grads = torch.func.grad(log_prob)(params)
     print("grad of sum(log-prob) w.r.t. params:", grads)

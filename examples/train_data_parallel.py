@@ -54,10 +54,12 @@ def main() -> None:
         fd.Module(nn.Linear(64, 1), in_keys=["h"], out_keys=["y_hat"]),
     )
     params = model.init(fd.random.key(0))  # the same key: the same params on every rank
-    params = fd.tree.map(lambda x: x.to(device, torch.float64), params)
+    params = params.apply(lambda x: x.to(device, torch.float64))
 
-    def loss_fn(params, batch, key):
-        return ((model(params, batch)["y_hat"] - batch["y"]) ** 2).mean()
+    def loss_fn(
+        params: fd.TensorDict, batch: fd.TensorDict, key: torch.Tensor | None
+    ) -> torch.Tensor:
+        return ((model(params, batch).get_tensor("y_hat") - batch.get_tensor("y")) ** 2).mean()
 
     # every rank generates the same global batches; each steps on its rows
     g = torch.Generator().manual_seed(1)
@@ -84,7 +86,9 @@ def main() -> None:
     q, t = params, fd.optim.adam(1e-2).init(params)
     for batch in batches:
         q, t, _ = single(q, t, batch, None)
-    diff = max(float((a - b).abs().max()) for a, b in zip(fd.tree.leaves(p), fd.tree.leaves(q)))
+    diff = max(
+        float((a - b).abs().max()) for a, b in zip(p.values(True, True), q.values(True, True))
+    )
     if rank == 0:
         print(f"{world} ranks vs one process on the full batch: max |params diff| = {diff:.1e}")
     assert diff <= 1e-12, diff
@@ -93,7 +97,9 @@ def main() -> None:
     p2, _, hist = fd.fit(
         step, params, opt.init(params), batches, progress=False, data_parallel=True
     )
-    diff2 = max(float((a - b).abs().max()) for a, b in zip(fd.tree.leaves(p2), fd.tree.leaves(q)))
+    diff2 = max(
+        float((a - b).abs().max()) for a, b in zip(p2.values(True, True), q.values(True, True))
+    )
     if rank == 0:
         print(
             f"fd.fit(data_parallel=True): final loss {float(hist['loss'][-1]):.6f}, "

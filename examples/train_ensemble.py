@@ -28,7 +28,7 @@ def target(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(2 * x)
 
 
-def make_data(key) -> fd.TensorDict:
+def make_data(key: torch.Tensor) -> fd.TensorDict:
     kx, kn, ks = fd.random.split(key, 3)
     x = fd.random.uniform(kx, (N, 1), minval=0.5, maxval=2.0)
     x = x * torch.where(fd.random.bernoulli(ks, 0.5, (N, 1)), 1.0, -1.0)  # two blobs, a gap
@@ -46,8 +46,8 @@ def main() -> None:
         out_keys=["pred"],
     )
 
-    def loss_fn(params, batch, key):
-        return ((model(params, batch)["pred"] - batch["y"]) ** 2).mean()
+    def loss_fn(params: fd.TensorDict, batch: fd.TensorDict, key: torch.Tensor) -> torch.Tensor:
+        return ((model(params, batch).get_tensor("pred") - batch.get_tensor("y")) ** 2).mean()
 
     # one set of params per member (batch size [8]), each from its own key
     ensemble = torch.func.vmap(model.init)(fd.random.split(k_init, MEMBERS))
@@ -58,7 +58,7 @@ def main() -> None:
     # params and state mapped over members; the batch and key shared
     step = torch.func.vmap(fd.train_step(loss_fn, optimizer), in_dims=(0, 0, None, None))
 
-    def batches(epoch: int):
+    def batches(epoch: int) -> list[fd.TensorDict]:
         shuffled = data[fd.random.permutation(fd.random.fold_in(k_shuffle, epoch), N)]
         return [shuffled[i : i + BATCH] for i in range(0, N, BATCH)]
 

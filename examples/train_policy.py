@@ -80,8 +80,8 @@ def rollout(params: fd.TensorDict, key: torch.Tensor, episodes: int = EPISODES) 
                 key=fd.random.fold_in(k_act, t),
                 interaction=fd.InteractionType.RANDOM,
             )
-            actions.append(out["action"])
-            hidden = out["hidden"]
+            actions.append(out.get_tensor("action"))
+            hidden = out.get_tensor("hidden")
     action = torch.stack(actions, 1)
     reward = -((action - target(obs)) ** 2).mean(-1)  # [episodes, STEPS]
     ret = reward.flip(1).cumsum(1).flip(1)  # return from step t on
@@ -101,16 +101,18 @@ def log_probs(params: fd.TensorDict, episodes: fd.TensorDict) -> torch.Tensor:
         td = POLICY(params, fd.TensorDict({"input": step["input"], "hidden": hidden}, [n]))
         # the head scores the stored action under Normal(loc, scale) of this step
         out.append(head.log_prob(None, td.set("action", step["action"])).sum(-1))
-        hidden = td["hidden"]
+        hidden = td.get_tensor("hidden")
     return torch.stack(out, 1)
 
 
-def loss_fn(params: fd.TensorDict, episodes: fd.TensorDict, key):
+def loss_fn(
+    params: fd.TensorDict, episodes: fd.TensorDict, key: torch.Tensor | None
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """REINFORCE with the batch-mean baseline (advantages scaled by their std)."""
-    ret = episodes["return"]
+    ret = episodes.get_tensor("return")
     adv = (ret - ret.mean(0)) / (ret.std(0) + 1e-6)
     loss = -(adv * log_probs(params, episodes)).mean()
-    return loss, {"reward": episodes["reward"].mean()}
+    return loss, {"reward": episodes.get_tensor("reward").mean()}
 
 
 def policy_error(params: fd.TensorDict, key: torch.Tensor, episodes: int = 256) -> float:
@@ -119,12 +121,14 @@ def policy_error(params: fd.TensorDict, key: torch.Tensor, episodes: int = 256) 
     hidden, err = torch.zeros(episodes, HIDDEN), 0.0
     for t in range(STEPS):
         td = POLICY(params, fd.TensorDict({"input": obs[:, t], "hidden": hidden}, [episodes]))
-        err += float(((td["action"] - target(obs[:, t])) ** 2).mean()) / STEPS
-        hidden = td["hidden"]
+        err += float(((td.get_tensor("action") - target(obs[:, t])) ** 2).mean()) / STEPS
+        hidden = td.get_tensor("hidden")
     return err
 
 
-def train(iters: int = ITERS, seed: int = 0, log_every: int | None = None):
+def train(
+    iters: int = ITERS, seed: int = 0, log_every: int | None = None
+) -> tuple[fd.TensorDict, list[tuple[int, float, float]]]:
     """Train from scratch; returns (params, history) with history a list of
     (iteration, mean reward, deterministic error) rows, printed every log_every."""
     log_every = log_every or max(1, iters // 10)
@@ -135,7 +139,8 @@ def train(iters: int = ITERS, seed: int = 0, log_every: int | None = None):
     # does not fit; the update itself is the pure fd.train_step. The loss takes no
     # key: the randomness is all in the episodes, drawn with the iteration's key.
     step = fd.train_step(loss_fn, OPTIMIZER)
-    history, rewards = [], []
+    history: list[tuple[int, float, float]] = []
+    rewards: list[float] = []
     for i in range(iters):
         episodes = rollout(params, fd.random.fold_in(k_train, i))
         params, opt_state, metrics = step(params, opt_state, episodes, None)
@@ -146,7 +151,7 @@ def train(iters: int = ITERS, seed: int = 0, log_every: int | None = None):
     return params, history
 
 
-def text_curve(history, width: int = 40) -> str:
+def text_curve(history: list[tuple[int, float, float]], width: int = 40) -> str:
     lo, hi = min(r for _, r, _ in history), max(r for _, r, _ in history)
     lines = ["   iter   reward   det. error"]
     for i, r, e in history:

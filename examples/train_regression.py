@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -27,17 +28,17 @@ def target(x: torch.Tensor) -> torch.Tensor:
     return torch.sin(3 * x) * x
 
 
-def make_data(key):
+def make_data(key: torch.Tensor) -> fd.TensorDict:
     kx, kn = fd.random.split(key)
     x = fd.random.uniform(kx, (N, 1), minval=-2.0, maxval=2.0)
     y = target(x) + 0.1 * fd.random.normal(kn, (N, 1))
     return fd.TensorDict({"x": x, "y": y}, [N])
 
 
-def epoch_batches(data: fd.TensorDict, key):
+def epoch_batches(data: fd.TensorDict, key: torch.Tensor) -> Callable[[int], list[fd.TensorDict]]:
     """A function epoch -> list of shuffled minibatches (a fresh order per epoch)."""
 
-    def batches(epoch: int):
+    def batches(epoch: int) -> list[fd.TensorDict]:
         order = fd.random.permutation(fd.random.fold_in(key, epoch), N)
         shuffled = data[order]
         return [shuffled[i : i + BATCH] for i in range(0, N, BATCH)]
@@ -66,9 +67,9 @@ def main() -> None:
     )
     params = model.init(k_init)
 
-    def loss_fn(params, batch, key):
-        pred = model(params, batch)["pred"]
-        return ((pred - batch["y"]) ** 2).mean()
+    def loss_fn(params: fd.TensorDict, batch: fd.TensorDict, key: torch.Tensor) -> torch.Tensor:
+        pred = model(params, batch).get_tensor("pred")
+        return ((pred - batch.get_tensor("y")) ** 2).mean()
 
     steps_per_epoch = N // BATCH
     schedule = fd.optim.warmup_cosine_decay(

@@ -12,6 +12,8 @@ Run with `make demo` (QUICK=1 shortens the timings).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -27,7 +29,7 @@ def step(title: str, td: fd.TensorDict) -> None:
     print(f"\n## {title}\n{td}")
 
 
-def walkthrough():
+def walkthrough() -> tuple[fd.Sequential, fd.Sequential, fd.TensorDict]:
     key = fd.random.key(0)
     td = fd.TensorDict({"x": torch.randn(5, 3)}, batch_size=[5])
     step("The input", td)
@@ -79,7 +81,7 @@ def walkthrough():
 
 
 class ResidualBlock(nn.Module):
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.linear0 = nn.Linear(3, 128)
         self.relu0 = nn.ReLU()
@@ -87,22 +89,23 @@ class ResidualBlock(nn.Module):
         self.relu1 = nn.ReLU()
         self.linear2 = nn.Linear(128, 3)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.linear0(x)
         y = self.relu0(y)
         y = self.linear1(y)
         y = self.relu1(y)
-        return self.linear2(y) + x
+        out: torch.Tensor = self.linear2(y) + x
+        return out
 
 
-def pure_block(p, x):
+def pure_block(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     """The same block written by hand as a pure function of a dict of weights."""
     h = torch.relu(F.linear(x, p["0.weight"], p["0.bias"]))
     h = torch.relu(F.linear(h, p["2.weight"], p["2.bias"]))
     return F.linear(h, p["4.weight"], p["4.bias"]) + x
 
 
-def median_us(fn) -> float:
+def median_us(fn: Callable[[], object]) -> float:
     t = Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.1 if QUICK else 0.5)
     return t.median * 1e6
 
@@ -114,9 +117,9 @@ def runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
     fd.to_module(
         fd.TensorDict(
             {
-                "linear0": params["0"].to_dict(),
-                "linear1": params["2"].to_dict(),
-                "linear2": params["4"].to_dict(),
+                "linear0": params["0"],
+                "linear1": params["2"],
+                "linear2": params["4"],
             }
         ),
         ref,
@@ -125,13 +128,13 @@ def runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
     torch.testing.assert_close(small(params, x=x), ref(x))
     torch.testing.assert_close(pure_block(flat, x), ref(x))
 
-    rows = {
+    rows: dict[str, Callable[[Callable[..., Any]], Callable[[], object]]] = {
         "nn.Module": lambda f: lambda: f(x),
         "hand-written pure function": lambda f: lambda: f(flat, x),
         "functd Sequential, td call": lambda f: lambda: f(params, td),
         "functd Sequential, keyword call": lambda f: lambda: f(params, x=x),
     }
-    fns = {
+    fns: dict[str, Callable[..., Any]] = {
         "nn.Module": ref,
         "hand-written pure function": pure_block,
         "functd Sequential, td call": small,

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ INTERACTION = _Interaction()
 _any_autocast = torch._C._is_any_autocast_enabled
 
 
-def _autocast() -> tuple:
+def _autocast() -> tuple[Any, ...]:
     out = []
     for dev in ("cpu", "cuda", "xpu", "mps"):
         try:
@@ -40,7 +41,7 @@ def _autocast() -> tuple:
     return tuple(out)
 
 
-def snapshot() -> tuple:
+def snapshot() -> tuple[Any, ...]:
     """The ambient state a traced function can bake in: (interaction type, autocast)."""
     return (
         getattr(INTERACTION, "value", None),

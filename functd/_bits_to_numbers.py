@@ -82,7 +82,7 @@ def _f32(x: float) -> float | None:
     return y if math.isfinite(y) else None
 
 
-def _range32(key: Tensor, shape: tuple[int, ...], minval: float, maxval: float):
+def _range32(key: Tensor, shape: tuple[int, ...], minval: float, maxval: float) -> Tensor | None:
     """float32 ``uniform`` with number bounds in one kernel call: ``_scaled``'s float64
     steps (``u * (hi - lo)`` is exact there, then one rounded add, one rounding to
     float32) and ``max(lo, .)``; None where the kernel does not serve or the bounds are

@@ -70,7 +70,7 @@ def _describe(x: Any) -> str:
     return type(x).__name__
 
 
-def run_fingerprint(params: Any, opt_state: Any, epochs: int, key: Any) -> dict:
+def run_fingerprint(params: Any, opt_state: Any, epochs: int, key: Any) -> dict[Any, Any]:
     """What identifies a run: the layout of ``params`` and ``opt_state`` (key paths,
     dtypes, shapes), ``epochs`` and the key's values."""
     if key is None:
@@ -86,7 +86,7 @@ def run_fingerprint(params: Any, opt_state: Any, epochs: int, key: Any) -> dict:
     }
 
 
-def _difference(saved: Any, mine: dict) -> str | None:
+def _difference(saved: Any, mine: dict[Any, Any]) -> str | None:
     """How the run that wrote a checkpoint differs from this one (None: the same)."""
     if not isinstance(saved, dict) or saved.get("format") != FORMAT:
         return "it was not written by this version of fd.fit (no run fingerprint)"
@@ -119,7 +119,7 @@ class Files:
     def exists(self, name: str) -> bool:
         return os.path.exists(name)
 
-    def save(self, state: dict, name: str) -> None:
+    def save(self, state: dict[Any, Any], name: str) -> None:
         save(state, name)
 
     def load(self, name: str, map_location: Any) -> Any:
@@ -133,7 +133,9 @@ class Checkpoints:
     ``fd.distributed``'s DCP store for params that hold DTensors (each checkpoint a
     folder every rank writes its shards into; rank 0 rotates them)."""
 
-    def __init__(self, where: str, path: str | os.PathLike, keep: int, store: Any = None) -> None:
+    def __init__(
+        self, where: str, path: str | os.PathLike[str], keep: int, store: Any = None
+    ) -> None:
         if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
             raise ValueError(f"{where}: keep must be an int >= 1 (files kept), got {keep!r}.")
         self.where = where
@@ -156,7 +158,7 @@ class Checkpoints:
             return f"the checkpoint path {self.path!r} is a folder; give a file name in it"
         return None
 
-    def write(self, state: dict) -> None:
+    def write(self, state: dict[Any, Any]) -> None:
         """Write ``state`` as the newest checkpoint and rotate the older ones.
 
         Processes writing the same path take turns (an advisory lock on
@@ -179,7 +181,7 @@ class Checkpoints:
                 "continues from the newest of them.",
             ) from e
 
-    def _write(self, state: dict) -> None:
+    def _write(self, state: dict[Any, Any]) -> None:
         tmp = self.path + ".tmp"
         self.store.save(state, tmp)  # atomic and fsynced: complete before rotating
         if not self.store.main():  # DCP: the other ranks wrote their shards
@@ -203,7 +205,7 @@ class Checkpoints:
         except OSError:  # no hard links on this file system, or a folder: rename it
             _move(self.path, self.names[1])
 
-    def latest(self, run: dict, map_location: Any = None) -> dict | None:
+    def latest(self, run: dict[Any, Any], map_location: Any = None) -> dict[Any, Any] | None:
         """The newest checkpoint that loads, checked against ``run``; None when
         there is none yet (a fresh start).
 
@@ -227,7 +229,7 @@ class Checkpoints:
             return self._checked(name, state, run)
         return None
 
-    def _checked(self, name: str, state: Any, run: dict) -> dict:
+    def _checked(self, name: str, state: Any, run: dict[Any, Any]) -> dict[Any, Any]:
         found = isinstance(state, dict) and all(k in state for k in _KEYS)
         diff = _difference(state.get("run") if found else None, run)
         if diff is not None:

@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -27,7 +28,7 @@ _ERFINV_LT = (2.81022636e-08, 3.43273939e-07, -3.5233877e-06, -4.39150654e-06,
 _ERFINV_GT = (-0.000200214257, 0.000100950558, 0.00134934322, -0.00367342844,
               0.00573950773, -0.0076224613, 0.00943887047, 1.00167406, 2.83297682)  # fmt: skip
 
-_COEFS: dict = {}
+_COEFS: dict[Any, Any] = {}
 
 
 def _erfinv_coefs(ndim: int, device: torch.device) -> tuple[Tensor, ...]:

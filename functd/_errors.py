@@ -6,7 +6,8 @@ Functions here only build strings or exceptions; they never raise by themselves.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 __all__ = [
     "FrozenError",
@@ -27,14 +28,14 @@ class InplaceError(AttributeError, TypeError):
     (an AttributeError, so ``hasattr`` is False) and mutation is refused (a TypeError)."""
 
 
-def fmt_key(key) -> str:
+def fmt_key(key: Any) -> str:
     """Format a key (a str or a tuple of str) as the user wrote it."""
     if isinstance(key, tuple) and len(key) == 1:
         key = key[0]
     return repr(key)
 
 
-def fmt_keys(keys: Iterable, limit: int = 20) -> str:
+def fmt_keys(keys: Iterable[Any], limit: int = 20) -> str:
     keys = [fmt_key(k) for k in keys]
     if not keys:
         return "(none)"
@@ -96,7 +97,9 @@ DEVICE_MISMATCH = (
 )
 
 
-def missing_key(key, path_done: tuple, available: Iterable, nested_level: int | None) -> str:
+def missing_key(
+    key: Any, path_done: tuple[Any, ...], available: Iterable[Any], nested_level: int | None
+) -> str:
     """Message of the KeyError for a key the TensorDict lacks."""
     head = f"TensorDict has no key {fmt_key(key)}"
     if nested_level is not None and nested_level > 0:
@@ -104,14 +107,29 @@ def missing_key(key, path_done: tuple, available: Iterable, nested_level: int | 
     return f"{head}; it has: {fmt_keys(available)}."
 
 
-def not_a_td(key, path_done: tuple, type_name: str) -> str:
+def wrong_entry(method: str, key: Any, value: Any) -> str:
+    """Message of the TypeError of ``td.get_tensor``/``td.get_tensordict`` given the other kind."""
+    call = f"TensorDict.{method}({key!r})"
+    if method == "get_tensor":
+        leaf = (*(key if isinstance(key, tuple) else (key,)), next(iter(value.keys()), "..."))
+        return (
+            f"{call}: the entry is a nested TensorDict with keys {fmt_keys(value.keys())}, not "
+            f"a tensor; name a leaf, e.g. {leaf!r}, or use td.get_tensordict({key!r})."
+        )
+    return (
+        f"{call}: the entry is a tensor of shape {list(value.shape)}, not a nested "
+        f"TensorDict; use td.get_tensor({key!r})."
+    )
+
+
+def not_a_td(key: Any, path_done: tuple[Any, ...], type_name: str) -> str:
     return (
         f"TensorDict key {fmt_key(key)} goes through {fmt_key(path_done)}, which is a "
         f"{type_name}, not a nested TensorDict."
     )
 
 
-def index_too_many(n_used: int, batch_size) -> str:
+def index_too_many(n_used: int, batch_size: Sequence[int]) -> str:
     return (
         f"the index uses {n_used} dims, but the TensorDict has only {len(batch_size)} batch "
         f"dims (batch_size={list(batch_size)}). Indexing a TensorDict indexes its batch "
@@ -119,7 +137,7 @@ def index_too_many(n_used: int, batch_size) -> str:
     )
 
 
-def stack_keys(i: int, first: Iterable, other: Iterable, where: str) -> str:
+def stack_keys(i: int, first: Iterable[Any], other: Iterable[Any], where: str) -> str:
     first, other = set(first), set(other)
     only_first = sorted(first - other, key=str)
     only_other = sorted(other - first, key=str)
@@ -130,7 +148,9 @@ def stack_keys(i: int, first: Iterable, other: Iterable, where: str) -> str:
     )
 
 
-def stack_shapes(i: int, key, shape0, shape_i, where: str) -> str:
+def stack_shapes(
+    i: int, key: Any, shape0: Sequence[int], shape_i: Sequence[int], where: str
+) -> str:
     return (
         f"{where}: entry {fmt_key(key)} has feature shape {list(shape0)} in TensorDict 0 "
         f"but {list(shape_i)} in TensorDict {i}. All entries must match."

@@ -39,7 +39,7 @@ class Frozen:
     __slots__ = ()
     _FROZEN_HINT = "build a new one instead."
 
-    def _identity(self) -> tuple:
+    def _identity(self) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def __eq__(self, other: object) -> bool:

@@ -102,7 +102,7 @@ class TrainStep(Frozen):
             f"fd.train_step(loss_fn, optimizer) instead of setting {name!r}."
         )
 
-    def _identity(self) -> tuple:
+    def _identity(self) -> tuple[Any, ...]:
         return (self.loss_fn, self.optimizer)
 
     def __repr__(self) -> str:
@@ -171,7 +171,7 @@ def fit(
     progress: bool = True,
     print_every: int = 1,
     data_parallel: bool = False,
-    checkpoint: str | os.PathLike | None = None,
+    checkpoint: str | os.PathLike[str] | None = None,
     resume: bool = False,
     keep: int = 2,
     timeout: float | datetime.timedelta | None = None,

@@ -180,7 +180,9 @@ def _is_int(t: Tensor) -> bool:
     return not (t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool)
 
 
-def _prologue(fn: str, key: Tensor, shape: Shape, dtype: torch.dtype):
+def _prologue(
+    fn: str, key: Tensor, shape: Shape, dtype: torch.dtype
+) -> tuple[Tensor, tuple[int, ...]]:
     key = check_key(fn, key)
     _check_float(fn, dtype)
     return key, _check_shape(fn, shape)
@@ -326,14 +328,16 @@ def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Te
     return out if dtype == signed else out.view(dtype)
 
 
-def _const(v: float, dtype: torch.dtype, device) -> Tensor:
+def _const(v: float, dtype: torch.dtype, device: torch.device | None) -> Tensor:
     """A 0-d tensor of ``v``, made where it is used by a fill kernel: ``torch.tensor``
     would copy it from the host, which a CUDA graph cannot record (``fd.cuda_graph``).
     The value is ``torch.tensor(v, dtype=dtype)``'s (one rounding to ``dtype``)."""
     return torch.full((), v, dtype=dtype, device=device)
 
 
-def _param(fn: str, name: str, v: float | Tensor, dtype: torch.dtype, device) -> Tensor:
+def _param(
+    fn: str, name: str, v: float | Tensor, dtype: torch.dtype, device: torch.device | None
+) -> Tensor:
     if isinstance(v, Tensor):
         return v.to(device=device, dtype=dtype)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -558,7 +562,7 @@ def categorical(key: Tensor, logits: Tensor, axis: int = -1, shape: Shape | None
     return torch.argmax(g + logits.to(key.device), dim=axis - nd)
 
 
-def _int_param(name: str, v: int | Tensor, device) -> Tensor:
+def _int_param(name: str, v: int | Tensor, device: torch.device | None) -> Tensor:
     if isinstance(v, Tensor) and _is_int(v):
         return v.to(device=device, dtype=torch.int64)
     if isinstance(v, (Tensor, bool)) or not isinstance(v, int):

@@ -91,7 +91,7 @@ def assert_close(
             raise AssertionError(f"leaf at {path} differs: {err}") from None
 
 
-def _check_batch_sizes(a: Any, e: Any, path: tuple) -> None:
+def _check_batch_sizes(a: Any, e: Any, path: tuple[Any, ...]) -> None:
     if isinstance(a, TensorDict) and isinstance(e, TensorDict):
         if a.batch_size != e.batch_size:
             raise AssertionError(
@@ -129,9 +129,9 @@ class CompileCount:
 
     def __init__(self) -> None:
         self._start = (_jit.compiles(), *_dynamo_counts())
-        self._end: tuple | None = None
+        self._end: tuple[Any, ...] | None = None
 
-    def _now(self) -> tuple:
+    def _now(self) -> tuple[Any, ...]:
         return self._end or (_jit.compiles(), *_dynamo_counts())
 
     @property
@@ -191,7 +191,7 @@ class _MaxCompiles(contextlib.ContextDecorator):
             )
 
 
-def assert_max_compiles(fn_or_n: Callable | int, n: int | None = None) -> Any:
+def assert_max_compiles(fn_or_n: Callable[..., Any] | int, n: int | None = None) -> Any:
     """Fail when more than ``n`` compilations (``fd.jit`` + ``torch.compile``) happen.
 
     Two forms: ``with assert_max_compiles(n): ...`` checks the block;
@@ -268,7 +268,7 @@ class Variant:
     def __repr__(self) -> str:
         return self.name
 
-    def __call__(self, f: Callable) -> Callable:
+    def __call__(self, f: Callable[..., Any]) -> Callable[..., Any]:
         if self.name == "jit":
             return _jit.jit(f, **self.jit_options)
         if self.name == "vmap":
@@ -282,7 +282,7 @@ def _has_tensor(a: Any) -> bool:
     return any(isinstance(v, torch.Tensor) for v in tree.leaves(a))
 
 
-def _vmapped(f: Callable, *args: Any, **kwargs: Any) -> Any:
+def _vmapped(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     def one(v: Any) -> Any:
         if isinstance(v, TensorDict):
             return stack([v])
@@ -299,12 +299,12 @@ def _floating(a: Any) -> bool:
     return bool(leaves) and all(v.is_floating_point() for v in leaves)
 
 
-def _under_grad(f: Callable, *args: Any, **kwargs: Any) -> Any:
+def _under_grad(f: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     i = next((i for i in reversed(range(len(args))) if _floating(args[i])), None)
     if i is None:
         return f(*args, **kwargs)
 
-    def loss(x: Any) -> tuple:
+    def loss(x: Any) -> tuple[Any, ...]:
         out = f(*args[:i], x, *args[i + 1 :], **kwargs)
         floats = [
             v for v in tree.leaves(out) if isinstance(v, torch.Tensor) and v.is_floating_point()

@@ -66,7 +66,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, overload
 
 import torch
 
@@ -234,6 +234,21 @@ class ModuleKind(Frozen):
         """The options of a call with ``key=``: None for the defaults. A kind with
         ``option_names`` takes them as further keywords, and checks them."""
         return None if key is None else Options(key)
+
+    @overload  # m(params, td[, key=, interaction=]): a TensorDict
+    def __call__(
+        self, params: TensorDict | None, td: TensorDict, /, *, key: Any = None, **options: Any
+    ) -> TensorDict: ...
+    @overload  # m(params, x, h) or m(params, x=x): the out tensor(s)
+    def __call__(
+        self,
+        params: TensorDict | None = None,
+        td: torch.Tensor | None = None,
+        /,
+        *args: torch.Tensor,
+        key: Any = None,
+        **tensors: Any,
+    ) -> Any: ...
 
     def __call__(
         self,

@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
@@ -28,6 +28,9 @@ from ._call import ModuleKind, Options, params_hint
 from ._keys import as_keys
 from ._plan import _early_drops
 from ._raised import CAUGHT, in_sequence
+
+if TYPE_CHECKING:
+    from typing_extensions import Self  # typing.Self from Python 3.11
 
 __all__ = ["Child", "HotStep", "SequenceKind", "Sequential"]
 
@@ -274,13 +277,14 @@ class SequenceKind(ModuleKind):
         )
         return f"Sequential(\n{body}{sel})"
 
-    def select_out_keys(self, *keys: Key) -> SequenceKind:
+    def select_out_keys(self, *keys: Key) -> Self:
         """A new Sequential that keeps only ``keys`` of the outputs (the inputs stay).
 
         Raises:
             KeyError: a key is written by no module.
         """
-        return self._rebuild(self.modules, keys, self.names)._takes_params_of(self)
+        new = self._rebuild(self.modules, keys, self.names)._takes_params_of(self)
+        return new  # type: ignore[return-value]  # _rebuild builds a type(self)
 
     def select_subsequence(
         self, in_keys: Sequence[Key] | None = None, out_keys: Sequence[Key] | None = None

@@ -30,7 +30,7 @@ from __future__ import annotations
 import struct
 import zipfile
 import zlib
-from typing import IO
+from typing import IO, Any
 
 __all__ = ["MAX_RATIO", "pickle_member", "verify"]
 
@@ -124,7 +124,7 @@ def _check_names(infos: list[zipfile.ZipInfo], where: str) -> str:
     return root
 
 
-def _check_layout(f: IO[bytes], infos: list[zipfile.ZipInfo], end: int, where: str) -> list:
+def _check_layout(f: IO[bytes], infos: list[zipfile.ZipInfo], end: int, where: str) -> list[Any]:
     """Members inside [0, end) (the central directory starts at ``end``), one after the
     other, with declared sizes a reader can trust. Returns ``[(info, data offset)]``."""
     pos, out = 0, []

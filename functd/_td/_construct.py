@@ -11,6 +11,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ def _size1(n: int) -> torch.Size:
 _LEAF_TYPES = frozenset({torch.Tensor, torch.nn.Parameter})
 
 
-def _fast_leaves(source: dict, bs: torch.Size) -> dict | None:
+def _fast_leaves(source: dict[Any, Any], bs: torch.Size) -> dict[Any, Any] | None:
     """The common construction in one pass with the least work per leaf: a str key,
     a plain tensor (or Parameter) whose leading dims are ``bs`` (one dim compared
     for the usual one-dim batch, none for ``[]``). Returns the new entries, or None
@@ -62,7 +63,7 @@ _EMPTY_SIZE = torch.Size([])
 _MAX_NUMEL = (1 << 63) - 1  # the most elements a torch.Size counts
 
 
-def _check_batch_size(batch_size) -> torch.Size:
+def _check_batch_size(batch_size: Any) -> torch.Size:
     if batch_size is None:
         return _EMPTY_SIZE
     if type(batch_size) is list and len(batch_size) == 1:  # the common ``[n]``

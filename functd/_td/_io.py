@@ -54,7 +54,7 @@ def _compact(t: Any) -> Any:
     return t.clone() if held > t.numel() * t.element_size() else t
 
 
-def save(obj: Any, path: str | os.PathLike) -> None:
+def save(obj: Any, path: str | os.PathLike[str]) -> None:
     """Save a TensorDict (or a pytree of tensors and TensorDicts) to ``path``, atomically.
 
     A path ending in ``.safetensors`` writes the safetensors format (needs the
@@ -124,7 +124,7 @@ def _from_tensordict(obj: Any) -> Any:
     return convert(obj)
 
 
-def load(path: str | os.PathLike, map_location: Any = None) -> Any:
+def load(path: str | os.PathLike[str], map_location: Any = None) -> Any:
     """Load what ``save`` wrote, verified, with ``torch.load(weights_only=True)``.
 
     A safetensors file (its name ends in ``.safetensors``, or its first bytes say so)

@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import _errors as E
 
 __all__ = ["plain_str"]
@@ -28,7 +30,7 @@ def plain_str(k: str) -> str:
     return k if type(k) is str else str.__str__(k)
 
 
-def key_path(key) -> tuple[str, ...]:
+def key_path(key: Any) -> tuple[str, ...]:
     """Return the key as a non-empty tuple of plain str, or raise a clear error."""
     if type(key) is str:
         return (key,)

@@ -52,7 +52,7 @@ def partition(td: TensorDict, keep: Filter) -> tuple[TensorDict, TensorDict]:
     return _split(td, keep, ())
 
 
-def _split(td: TensorDict, keep: Filter, prefix: tuple) -> tuple[TensorDict, TensorDict]:
+def _split(td: TensorDict, keep: Filter, prefix: tuple[Any, ...]) -> tuple[TensorDict, TensorDict]:
     a: dict[str, Any] = {}
     b: dict[str, Any] = {}
     for k, v in td._data.items():
@@ -97,7 +97,7 @@ def combine(*parts: TensorDict) -> TensorDict:
     return from_parts(data, bs)
 
 
-def _merge(into: dict, td: TensorDict, prefix: tuple) -> None:
+def _merge(into: dict[Any, Any], td: TensorDict, prefix: tuple[Any, ...]) -> None:
     for k, v in td._data.items():
         have = into.get(k)
         if have is None:

@@ -8,6 +8,8 @@ the header shows ``device=`` when all leaves share a non-CPU device.
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -23,11 +25,11 @@ def short_dtype(dtype: torch.dtype) -> str:
     return name
 
 
-def _dims(shape) -> str:
+def _dims(shape: Iterable[int]) -> str:
     return "[" + ", ".join(str(s) for s in shape) + "]"
 
 
-def td_repr(td, parent_device=None) -> str:
+def td_repr(td: Any, parent_device: torch.device | None = None) -> str:
     """Return the one-line repr of ``td`` (nested TensorDicts are of ``type(td)``)."""
     n = len(td._batch_size)
     cls = type(td)

@@ -68,7 +68,7 @@ def _require(where: str) -> Any:
 
 
 # ------------------------------------------------------------------ the flat naming
-def flat_names(obj: Any, where: str) -> tuple[dict[str, Any], dict]:
+def flat_names(obj: Any, where: str) -> tuple[dict[str, Any], dict[Any, Any]]:
     """``(tensors, tree)``: every tensor leaf of ``obj`` under its dotted name, and
     the JSON-able description of the tree that ``rebuild`` inverts.
 
@@ -82,12 +82,14 @@ def flat_names(obj: Any, where: str) -> tuple[dict[str, Any], dict]:
             f"a list or a tuple, got a {type(obj).__name__} (wrap it: {{'x': value}})."
         )
     tensors: dict[str, Any] = {}
-    paths: dict[str, tuple] = {}
+    paths: dict[str, tuple[Any, ...]] = {}
     tree = _describe(obj, (), tensors, paths, where)
     return tensors, tree
 
 
-def _describe(x: Any, path: tuple, tensors: dict, paths: dict, where: str) -> dict:
+def _describe(
+    x: Any, path: tuple[Any, ...], tensors: dict[Any, Any], paths: dict[Any, Any], where: str
+) -> dict[Any, Any]:
     if isinstance(x, torch.Tensor):
         name = ".".join(path)
         if name in paths:
@@ -124,13 +126,13 @@ def _describe(x: Any, path: tuple, tensors: dict, paths: dict, where: str) -> di
     )
 
 
-def _show(path: tuple) -> str:
+def _show(path: tuple[Any, ...]) -> str:
     if len(path) > 8:  # a forged file's deep path: its start and its depth
         return f"the key path {path[:4]}... ({len(path)} levels deep)"
     return "the root" if not path else f"the key path {path}"
 
 
-def tree_json(tree: dict) -> str:
+def tree_json(tree: dict[Any, Any]) -> str:
     return json.dumps({"version": 1, "tree": tree}, separators=(",", ":"))
 
 
@@ -148,7 +150,7 @@ def rebuild(tree: Any, tensors: dict[str, Any], where: str) -> Any:
     return _rebuild(tree, tensors, where, ())
 
 
-def _rebuild(tree: Any, tensors: dict[str, Any], where: str, path: tuple) -> Any:
+def _rebuild(tree: Any, tensors: dict[str, Any], where: str, path: tuple[Any, ...]) -> Any:
     if len(path) > MAX_DEPTH:
         raise _forged(where, path[:MAX_DEPTH], f"it nests deeper than {MAX_DEPTH} levels")
     kind = tree.get("t") if isinstance(tree, dict) else None
@@ -184,7 +186,7 @@ def _rebuild(tree: Any, tensors: dict[str, Any], where: str, path: tuple) -> Any
     raise _forged(where, path, f"a node is {_short(tree)}")
 
 
-def _pairs(tree: dict, where: str, path: tuple) -> list:
+def _pairs(tree: dict[Any, Any], where: str, path: tuple[Any, ...]) -> list[Any]:
     """The ``[key, node]`` items of a TensorDict or dict node, checked."""
     items = tree.get("items")
     if not isinstance(items, list):
@@ -200,7 +202,7 @@ def _short(x: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def _forged(where: str, path: tuple, what: str) -> ValueError:
+def _forged(where: str, path: tuple[Any, ...], what: str) -> ValueError:
     return ValueError(
         f"{where}: the file's functd metadata (the tree it describes) is damaged or forged at "
         f"{_show(path)}: {what}. fd.save never writes that; use an intact copy of the file."
@@ -259,7 +261,7 @@ def is_safetensors(path: str) -> bool:
     return len(head) == 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 1
 
 
-def _written(t: torch.Tensor, path: str, seen: set, where: str) -> torch.Tensor:
+def _written(t: torch.Tensor, path: str, seen: set[Any], where: str) -> torch.Tensor:
     """The tensor as safetensors writes it: detached, on the CPU, compact, owning its bytes."""
     if is_dtensor(t):
         raise TypeError(
@@ -295,7 +297,7 @@ def save(obj: Any, path: str, where: str = "functd.save") -> None:
     """Write ``obj`` to ``path`` as a safetensors file, atomically (see the module doc)."""
     st = _require(where)
     tensors, tree = flat_names(obj, where)
-    seen: set = set()
+    seen: set[Any] = set()
     out = {}
     for name, t in tensors.items():
         x = _written(t, name, seen, where)
@@ -318,7 +320,7 @@ def save(obj: Any, path: str, where: str = "functd.save") -> None:
     atomic_write(path, write, where)
 
 
-def _dtypes(st: Any) -> set:
+def _dtypes(st: Any) -> set[Any]:
     return set(st._TYPES.values()) if hasattr(st, "_TYPES") else set()
 
 
@@ -350,7 +352,7 @@ def load(path: str, map_location: Any = None, where: str | None = None) -> Any:
     return nested(tensors, where)
 
 
-def _verify(meta: dict, tensors: dict, where: str) -> None:
+def _verify(meta: dict[Any, Any], tensors: dict[Any, Any], where: str) -> None:
     if META_CRC not in meta:
         return
     damaged = f"{where}: the file's checksums (metadata {META_CRC!r}) are damaged or forged"

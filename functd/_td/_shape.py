@@ -38,7 +38,7 @@ __all__ = [
 ]
 
 
-def _normalize_index(idx: Any, bs: torch.Size) -> tuple:
+def _normalize_index(idx: Any, bs: torch.Size) -> tuple[Any, ...]:
     items = list(idx) if isinstance(idx, tuple) else [idx]
     used, ellipsis = 0, None
     for i, it in enumerate(items):
@@ -82,7 +82,7 @@ def _normalize_index(idx: Any, bs: torch.Size) -> tuple:
     return tuple(items)
 
 
-def _check_bounds(idx: Any, items: list, bs: torch.Size) -> None:
+def _check_bounds(idx: Any, items: list[Any], bs: torch.Size) -> None:
     """Integers within their batch dim, bool masks of the shape of the dims they cover."""
     d = 0
     for it in items:
@@ -127,7 +127,7 @@ def index(td: TensorDict, idx: Any) -> TensorDict:
         ) from None
 
 
-def _traced_scalar(items: tuple) -> int | None:
+def _traced_scalar(items: tuple[Any, ...]) -> int | None:
     """The position of the index's one 0-d integer tensor, if it is the only tensor among
     ints, slices and None: while tracing, ``v[i]`` with such an ``i`` reads its value
     (``__index__``), which is data-dependent; ``_index_traced_scalar`` gathers instead."""
@@ -140,7 +140,7 @@ def _traced_scalar(items: tuple) -> int | None:
     return found
 
 
-def _index_traced_scalar(td: TensorDict, items: tuple, p: int) -> TensorDict:
+def _index_traced_scalar(td: TensorDict, items: tuple[Any, ...], p: int) -> TensorDict:
     """``td[items]`` whose item ``p`` is a traced 0-d integer tensor: index with it as a
     one-element index tensor (negative values wrapped as Python does), then drop the
     size-1 dim it leaves. Out-of-range values are not checked (as in jax.jit)."""
@@ -152,7 +152,7 @@ def _index_traced_scalar(td: TensorDict, items: tuple, p: int) -> TensorDict:
     return _index(out, (*(slice(None),) * at, 0))
 
 
-def _index(td: TensorDict, items: tuple) -> TensorDict:
+def _index(td: TensorDict, items: tuple[Any, ...]) -> TensorDict:
     n = len(td._batch_size)
     cls = type(td)
     data, new_bs = {}, None
@@ -171,7 +171,7 @@ def _index(td: TensorDict, items: tuple) -> TensorDict:
     return td._from_parts(data, new_bs)
 
 
-def _leafless_shape(bs: torch.Size, items: tuple) -> torch.Size:
+def _leafless_shape(bs: torch.Size, items: tuple[Any, ...]) -> torch.Size:
     """``torch.empty(bs)[items].shape``, allocating nothing even for a huge (forged)
     batch: a stride-0 dummy for ints, slices and None (a view); on the meta device
     when index tensors are used (masks as their ``nonzero()``), their values checked
@@ -207,7 +207,7 @@ def _leafless_shape(bs: torch.Size, items: tuple) -> torch.Size:
     return torch.empty(bs, dtype=torch.uint8, device="meta")[tuple(meta)].shape
 
 
-def _check_same_keys(tds: Sequence[TensorDict], where: str, prefix: tuple = ()) -> None:
+def _check_same_keys(tds: Sequence[TensorDict], where: str, prefix: tuple[Any, ...] = ()) -> None:
     keys0 = tds[0]._data.keys()
     for i, t in enumerate(tds[1:], 1):
         if t._data.keys() != keys0:
@@ -284,7 +284,7 @@ def _check_join(tds: Any, dim: int, where: str) -> tuple[list[TensorDict], int]:
     return tds, dim
 
 
-def _join(tds: list[TensorDict], dim: int, prefix: tuple, skip: int | None, where: str):
+def _join(tds: list[TensorDict], dim: int, prefix: tuple[Any, ...], skip: int | None, where: str):
     """Stack (``skip=None``: along a new dim ``dim``) or cat (``skip=dim``) the entries
     of ``tds`` with the same keys; nested levels recurse."""
     _check_same_keys(tds, where, prefix)
@@ -310,7 +310,7 @@ def _join(tds: list[TensorDict], dim: int, prefix: tuple, skip: int | None, wher
     return first._from_parts(data, torch.Size(size))
 
 
-def _same_types(vals: list, key: tuple, where: str, cls: type) -> None:
+def _same_types(vals: list[Any], key: tuple[Any, ...], where: str, cls: type) -> None:
     is_td = isinstance(vals[0], cls)
     for i, v in enumerate(vals[1:], 1):
         if isinstance(v, cls) != is_td:
@@ -320,7 +320,7 @@ def _same_types(vals: list, key: tuple, where: str, cls: type) -> None:
             )
 
 
-def _same_batch(vals: list, key: tuple, where: str, skip: int | None) -> None:
+def _same_batch(vals: list[Any], key: tuple[Any, ...], where: str, skip: int | None) -> None:
     """Nested TensorDicts (which may have more batch dims) must agree, but in dim ``skip``."""
     b0 = vals[0]._batch_size
     for i, v in enumerate(vals[1:], 1):
@@ -332,7 +332,9 @@ def _same_batch(vals: list, key: tuple, where: str, skip: int | None) -> None:
             )
 
 
-def _same_shapes(vals: list, key: tuple, n: int, where: str, skip: int | None) -> None:
+def _same_shapes(
+    vals: list[Any], key: tuple[Any, ...], n: int, where: str, skip: int | None
+) -> None:
     s0 = vals[0].shape
     for i, v in enumerate(vals[1:], 1):
         s = v.shape
@@ -352,7 +354,7 @@ def unbind(td: TensorDict, dim: int = 0) -> tuple[TensorDict, ...]:
     return tuple(_index(td, (*lead, i)) for i in range(td._batch_size[dim]))
 
 
-def _infer_shape(shape: tuple, numel) -> torch.Size:
+def _infer_shape(shape: tuple[Any, ...], numel) -> torch.Size:
     if len(shape) == 1 and isinstance(shape[0], Sequence):
         shape = tuple(shape[0])
     unknown = [i for i, s in enumerate(shape) if s == -1]

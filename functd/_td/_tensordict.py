@@ -61,6 +61,9 @@ class TensorDict:
         ValueError: a leaf's leading dims differ from batch_size, a batch dim is
             negative, or a leaf is not on ``device``.
 
+    ``td[key]`` is typed ``Tensor | TensorDict`` (an entry may be nested): the accessors
+    ``td.get_tensor(key)`` and ``td.get_tensordict(key)`` are typed ``Tensor``/``TensorDict``.
+
     Example:
         >>> td = TensorDict({"x": torch.randn(5, 3)}, batch_size=[5])
         >>> td
@@ -179,6 +182,26 @@ class TensorDict:
                 raise KeyError(E.missing_key(path, path[:i], node._data, i))
             node = value
         return node
+
+    def get_tensor(self, key: Key) -> torch.Tensor:
+        """The tensor leaf at ``key`` (str or path), typed ``Tensor`` (a TensorDict there: TypeError).
+
+        Example:
+            >>> loss = (td.get_tensor("pred") - td.get_tensor(("obs", "y"))).pow(2).mean()
+        """
+        if isinstance(value := self.get(key), torch.Tensor):
+            return value
+        raise TypeError(E.wrong_entry("get_tensor", key, value))
+
+    def get_tensordict(self, key: Key) -> TensorDict:
+        """The nested TensorDict at ``key``, typed ``TensorDict`` (a tensor there: a TypeError).
+
+        Example:
+            >>> dist = actor.get_dist(params.get_tensordict("actor"), td)
+        """
+        if isinstance(value := self.get(key), TensorDict):
+            return value
+        raise TypeError(E.wrong_entry("get_tensordict", key, value))
 
     @overload
     def __getitem__(self, index: str | tuple[str, ...]) -> torch.Tensor | TensorDict: ...
@@ -450,27 +473,27 @@ alloc_uninit = object.__new__
 is_dynamo_compiling = torch.compiler.is_dynamo_compiling
 
 
-def _init_traceable(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
+def _init_traceable(td: TensorDict, data: dict[Any, Any], batch_size: torch.Size) -> None:
     object.__setattr__(td, "_data", data)
     object.__setattr__(td, "_batch_size", batch_size)
     object.__setattr__(td, "_spec", None)
     object.__setattr__(td, "_check_cache", None)  # _marks.py
 
 
-def _init_slots(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
+def _init_slots(td: TensorDict, data: dict[Any, Any], batch_size: torch.Size) -> None:
     set_data_slot(td, data)
     set_batch_size_slot(td, batch_size)
     set_spec_slot(td, None)
     _set_check_cache(td, None)
 
 
-def _new_slots(data: dict, batch_size: torch.Size) -> TensorDict:
+def _new_slots(data: dict[Any, Any], batch_size: torch.Size) -> TensorDict:
     td = alloc_uninit(TensorDict)
     _init_slots(td, data, batch_size)
     return td
 
 
-def _init_batch1(td: TensorDict, source: dict, batch_size: Any) -> bool:
+def _init_batch1(td: TensorDict, source: dict[Any, Any], batch_size: Any) -> bool:
     """The constructor's common case, ``TensorDict({str: tensor}, [n])``: True when
     every key is a str and every value a tensor (or Parameter) whose shape starts with
     ``n >= 0`` (td then holds a copy of ``source``); False, with nothing written,
@@ -503,13 +526,13 @@ except ImportError:  # pragma: no cover - a build without a C compiler
     init_batch1 = _init_batch1
 
 
-def _init(td: TensorDict, data: dict, batch_size: torch.Size) -> None:
+def _init(td: TensorDict, data: dict[Any, Any], batch_size: torch.Size) -> None:
     if is_dynamo_compiling():
         return _init_traceable(td, data, batch_size)
     init_unchecked(td, data, batch_size)
 
 
-def from_parts(data: dict, batch_size: torch.Size) -> TensorDict:
+def from_parts(data: dict[Any, Any], batch_size: torch.Size) -> TensorDict:
     """Build without validation (internal: the caller guarantees the invariants)."""
     if is_dynamo_compiling():
         # spelled out, not through the alias: dynamo before torch 2.13 traces the
@@ -529,7 +552,7 @@ TensorDict._from_parts = staticmethod(from_parts)  # type: ignore[attr-defined]
 EMPTY = from_parts({}, torch.Size([]))
 
 
-def _check_value(path: tuple, value: Any, bs: torch.Size, device) -> Any:
+def _check_value(path: tuple[Any, ...], value: Any, bs: torch.Size, device) -> Any:
     n = len(bs)
     if isinstance(value, torch.Tensor):
         if value.shape[:n] != bs:
@@ -575,12 +598,12 @@ def _raise_batch_mismatch(path, shape, bs, nested: bool = False):
 
 def set_path(
     td: TensorDict,
-    path: tuple,
+    path: tuple[Any, ...],
     value: Any,
     depth: int,
     check: bool = True,
     template=None,
-    prefix: tuple = (),
+    prefix: tuple[Any, ...] = (),
 ) -> TensorDict:
     head = path[0]
     data = dict(td._data)
@@ -605,7 +628,7 @@ def set_path(
     return from_parts(data, td._batch_size)
 
 
-def _update(td: TensorDict, other, prefix: tuple) -> TensorDict:
+def _update(td: TensorDict, other, prefix: tuple[Any, ...]) -> TensorDict:
     items = other._data.items() if isinstance(other, TensorDict) else other.items()
     bs = td._batch_size
     data = dict(td._data)
@@ -623,7 +646,9 @@ def _update(td: TensorDict, other, prefix: tuple) -> TensorDict:
     return from_parts(data, bs)
 
 
-def _items(td: Any, include_nested: bool, leaves_only: bool, prefix: tuple = ()) -> Iterator[Any]:
+def _items(
+    td: Any, include_nested: bool, leaves_only: bool, prefix: tuple[Any, ...] = ()
+) -> Iterator[Any]:
     for k, v in td._data.items():
         key = (*prefix, k) if prefix else k
         is_td = isinstance(v, TensorDict)
@@ -641,7 +666,7 @@ def _leaves(td: TensorDict) -> Iterator[torch.Tensor]:
             yield v
 
 
-def _mapping_leaves(data: Mapping) -> Iterator[torch.Tensor]:
+def _mapping_leaves(data: Mapping[Any, Any]) -> Iterator[torch.Tensor]:
     for v in data.values():
         if isinstance(v, Mapping | TensorDict):
             yield from _mapping_leaves(v._data if isinstance(v, TensorDict) else v)
@@ -649,7 +674,9 @@ def _mapping_leaves(data: Mapping) -> Iterator[torch.Tensor]:
             yield v
 
 
-def _apply(td: TensorDict, fn, others: Sequence[Any], new_bs, prefix: tuple = ()) -> TensorDict:
+def _apply(
+    td: TensorDict, fn, others: Sequence[Any], new_bs, prefix: tuple[Any, ...] = ()
+) -> TensorDict:
     bs = td._batch_size if new_bs is None else new_bs
     data = {}
     for k, v in td._data.items():

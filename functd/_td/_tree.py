@@ -71,7 +71,12 @@ class _Spec:
     ranks: Any
 
     def __init__(
-        self, keys: tuple, ranks: tuple, batch_size: tuple | None, full: tuple, order=None
+        self,
+        keys: tuple[Any, ...],
+        ranks: tuple[Any, ...],
+        batch_size: tuple | None,
+        full: tuple,
+        order=None,
     ) -> None:
         self.keys = keys  # sorted entry names
         self.order = order  # the insertion order, when it is not the sorted one
@@ -135,7 +140,7 @@ def _full(v) -> bool:
     return isinstance(v, TensorDict) and any(spec_of(v).full)
 
 
-def _inorder(spec: _Spec) -> tuple[tuple, _Spec]:
+def _inorder(spec: _Spec) -> tuple[tuple[Any, ...], _Spec]:
     """(permutation, spec) that put the sorted entries back in insertion order (cached)."""
     if spec._inorder is None:
         i = {k: n for n, k in enumerate(spec.keys)}
@@ -195,7 +200,9 @@ def _unflatten(values, spec: _Spec) -> TensorDict:
     return td
 
 
-def _keep_spec(td: TensorDict, values: list, ranks: tuple, n: int, spec: _Spec) -> None:
+def _keep_spec(
+    td: TensorDict, values: list[Any], ranks: tuple[Any, ...], n: int, spec: _Spec
+) -> None:
     """Give a TensorDict rebuilt from ``spec`` that spec when it is its own: every entry
     keeps its rank beyond the ``n`` batch dims and holds a tensor (so the next flatten of
     it, e.g. by torch.func after vmap or grad, skips recomputing it)."""
@@ -218,7 +225,7 @@ def _keep_spec(td: TensorDict, values: list, ranks: tuple, n: int, spec: _Spec) 
 # walk (cheaper than a generic pytree flatten), and a list of new leaves put back into
 # the layout of a template TensorDict whose leaves have the same shapes (the template's
 # batch sizes and cached specs are reused). No checks: callers check their inputs.
-def flat_leaves(td: TensorDict, specs: list | None = None) -> list[Tensor]:
+def flat_leaves(td: TensorDict, specs: list[Any] | None = None) -> list[Tensor]:
     """The leaves of ``td`` in the order of ``fd.tree.leaves(td)``; when ``specs`` is a
     list, the key spec of every TensorDict met is appended to it (in walk order).
 
@@ -231,7 +238,7 @@ def flat_leaves(td: TensorDict, specs: list | None = None) -> list[Tensor]:
     return out
 
 
-def _walk(td: TensorDict, out: list, specs: list | None) -> None:
+def _walk(td: TensorDict, out: list[Any], specs: list[Any] | None) -> None:
     data = td._data
     spec = td._spec or spec_of(td)
     if specs is not None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 import torch
 import torch.utils._pytree as torch_pytree
@@ -36,9 +36,13 @@ from ._paths import fmt_path
 __all__ = ["grad", "hessian", "jacfwd", "jacrev", "jvp", "value_and_grad", "vjp"]
 
 Argnums = int | tuple[int, ...]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")  # the (first) argument differentiated: the gradient's type
+_R = TypeVar("_R")  # the value
+_A = TypeVar("_A")  # the aux output
 
 
-def _name(f: Callable) -> str:
+def _name(f: Callable[..., Any]) -> str:
     return getattr(f, "__name__", None) or type(f).__name__
 
 
@@ -62,7 +66,7 @@ def _argnums(where: str, argnums: Any, n: int) -> tuple[int, ...]:
     return norm
 
 
-def _paths(tree: Any) -> tuple[list, list, Any]:
+def _paths(tree: Any) -> tuple[list[Any], list[Any], Any]:
     pairs, spec = torch_pytree.tree_flatten_with_path(tree)
     return [p for p, _ in pairs], [v for _, v in pairs], spec
 
@@ -71,7 +75,7 @@ def _differentiable(leaf: Any) -> bool:
     return isinstance(leaf, torch.Tensor) and (leaf.is_floating_point() or leaf.is_complex())
 
 
-def _check_diff_inputs(where: str, args: tuple, nums: tuple[int, ...]) -> None:
+def _check_diff_inputs(where: str, args: tuple[Any, ...], nums: tuple[int, ...]) -> None:
     for i in nums:
         if all(map(_differentiable, torch_pytree.tree_leaves(args[i]))):
             continue  # the common case: no paths needed
@@ -181,7 +185,7 @@ def _check_like(where: str, got: Any, like: Any, what: str, like_what: str) -> N
 
 
 # ------------------------------------------------------------------ grad
-def _grad_impl(f: Callable, argnums: Argnums, has_aux: bool, where_name: str):
+def _grad_impl(f: Callable[..., Any], argnums: Argnums, has_aux: bool, where_name: str):
     name = _name(f)
     where = f"fd.{where_name}({name})"
 
@@ -204,7 +208,7 @@ def _grad_impl(f: Callable, argnums: Argnums, has_aux: bool, where_name: str):
                 *args, **kwargs
             )
         else:
-            seen: list = []
+            seen: list[Any] = []
 
             def flat(*xs: Any) -> Any:
                 full = list(args)
@@ -227,7 +231,30 @@ def _grad_impl(f: Callable, argnums: Argnums, has_aux: bool, where_name: str):
     return run
 
 
-def grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
+# The types: the gradient of argument 0 has its type (a TensorDict for params); other
+# argnums or a has_aux that is not a literal give Callable[same params, Any].
+@overload
+def grad(
+    f: Callable[Concatenate[_T, _P], Any], argnums: Literal[0] = 0, has_aux: Literal[False] = False
+) -> Callable[Concatenate[_T, _P], _T]: ...
+@overload
+def grad(
+    f: Callable[Concatenate[_T, _P], tuple[Any, _A]],
+    argnums: Literal[0] = 0,
+    *,
+    has_aux: Literal[True],
+) -> Callable[Concatenate[_T, _P], tuple[_T, _A]]: ...
+@overload
+def grad(
+    f: Callable[Concatenate[_T, _P], tuple[Any, _A]], argnums: Literal[0], has_aux: Literal[True]
+) -> Callable[Concatenate[_T, _P], tuple[_T, _A]]: ...
+@overload
+def grad(
+    f: Callable[_P, Any], argnums: Argnums = 0, has_aux: bool = False
+) -> Callable[_P, Any]: ...
+
+
+def grad(f: Callable[..., Any], argnums: Argnums = 0, has_aux: bool = False) -> Callable[..., Any]:
     """The gradient of a scalar function, shaped like its ``argnums`` arguments.
 
     Args:
@@ -265,7 +292,30 @@ def grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
     return grad_f
 
 
-def value_and_grad(f: Callable, argnums: Argnums = 0, has_aux: bool = False) -> Callable:
+@overload
+def value_and_grad(
+    f: Callable[Concatenate[_T, _P], _R], argnums: Literal[0] = 0, has_aux: Literal[False] = False
+) -> Callable[Concatenate[_T, _P], tuple[_R, _T]]: ...
+@overload
+def value_and_grad(
+    f: Callable[Concatenate[_T, _P], tuple[_R, _A]],
+    argnums: Literal[0] = 0,
+    *,
+    has_aux: Literal[True],
+) -> Callable[Concatenate[_T, _P], tuple[tuple[_R, _A], _T]]: ...
+@overload
+def value_and_grad(
+    f: Callable[Concatenate[_T, _P], tuple[_R, _A]], argnums: Literal[0], has_aux: Literal[True]
+) -> Callable[Concatenate[_T, _P], tuple[tuple[_R, _A], _T]]: ...
+@overload
+def value_and_grad(
+    f: Callable[_P, Any], argnums: Argnums = 0, has_aux: bool = False
+) -> Callable[_P, Any]: ...
+
+
+def value_and_grad(
+    f: Callable[..., Any], argnums: Argnums = 0, has_aux: bool = False
+) -> Callable[..., Any]:
     """``f``'s value and gradient in one pass, in JAX's order: ``(value, grads)``.
 
     With ``has_aux`` the result is ``((value, aux), grads)``, as in JAX (note:
@@ -307,7 +357,7 @@ def _check_loss(where: str, loss: Any) -> None:
 
 
 def loss_and_grad(
-    where: str, loss_fn: Callable, params: TensorDict, *args: Any
+    where: str, loss_fn: Callable[..., Any], params: TensorDict, *args: Any
 ) -> tuple[torch.Tensor, Any, TensorDict]:
     """``loss, aux, grads`` of ``loss_fn(params, *args)`` with respect to the TensorDict
     ``params``: ``fd.train_step``'s gradient (its loss_fn returns the scalar loss or
@@ -386,7 +436,9 @@ def _rebuild(template: Any, leaves: Any, prefix: torch.Size, where: str) -> Any:
     return next(leaves)
 
 
-def _jacobian(kind: str, f: Callable, argnums: Argnums, has_aux: bool, **opts: Any) -> Callable:
+def _jacobian(
+    kind: str, f: Callable[..., Any], argnums: Argnums, has_aux: bool, **opts: Any
+) -> Callable[..., Any]:
     name = _name(f)
     where = f"fd.{kind}({name})"
     transform = torch.func.jacrev if kind == "jacrev" else torch.func.jacfwd
@@ -397,7 +449,7 @@ def _jacobian(kind: str, f: Callable, argnums: Argnums, has_aux: bool, **opts: A
         _check_diff_inputs(where, args, nums)
         diff = tuple(args[i] for i in nums)
         in_leaves, in_spec = torch_pytree.tree_flatten(diff)
-        box: list = []
+        box: list[Any] = []
 
         def flat_f(*leaves: Any) -> Any:
             full = list(args)
@@ -425,8 +477,12 @@ def _jacobian(kind: str, f: Callable, argnums: Argnums, has_aux: bool, **opts: A
 
 
 def jacrev(
-    f: Callable, argnums: Argnums = 0, *, has_aux: bool = False, chunk_size: int | None = None
-) -> Callable:
+    f: Callable[..., Any],
+    argnums: Argnums = 0,
+    *,
+    has_aux: bool = False,
+    chunk_size: int | None = None,
+) -> Callable[..., Any]:
     """The Jacobian of ``f`` by reverse mode (one vjp per output element, vmapped).
 
     The result has the structure of the outputs; each output leaf is replaced
@@ -458,8 +514,8 @@ def jacrev(
 
 
 def jacfwd(
-    f: Callable, argnums: Argnums = 0, has_aux: bool = False, *, randomness: str = "error"
-) -> Callable:
+    f: Callable[..., Any], argnums: Argnums = 0, has_aux: bool = False, *, randomness: str = "error"
+) -> Callable[..., Any]:
     """The Jacobian of ``f`` by forward mode (one jvp per input element, vmapped).
 
     Same result layout and errors as ``fd.jacrev``.
@@ -476,7 +532,7 @@ def jacfwd(
     return _jacobian("jacfwd", f, argnums, has_aux, randomness=randomness)
 
 
-def hessian(f: Callable, argnums: Argnums = 0) -> Callable:
+def hessian(f: Callable[..., Any], argnums: Argnums = 0) -> Callable[..., Any]:
     """The Hessian of a scalar ``f``: ``fd.jacfwd(fd.jacrev(f))``.
 
     For a TensorDict argument the result is a TensorDict of TensorDicts:
@@ -500,7 +556,13 @@ def hessian(f: Callable, argnums: Argnums = 0) -> Callable:
     return functools.wraps(f)(lambda *a, **k: h(*a, **k))
 
 
-def jvp(f: Callable, primals: tuple, tangents: tuple, *, has_aux: bool = False) -> tuple[Any, ...]:
+def jvp(
+    f: Callable[..., Any],
+    primals: tuple[Any, ...],
+    tangents: tuple[Any, ...],
+    *,
+    has_aux: bool = False,
+) -> tuple[Any, ...]:
     """Forward-mode product: ``(f(*primals), J @ tangents)``.
 
     Args:
@@ -529,7 +591,7 @@ def jvp(f: Callable, primals: tuple, tangents: tuple, *, has_aux: bool = False) 
     _check_like(where, tangents, primals, "tangents", "primals")
     if is_jitted(f):  # fd.jvp(fd.jit(f), ...) runs fd.jit of fd.jvp(f, ...) (_compose)
 
-        def build(g: Callable) -> Callable:
+        def build(g: Callable[..., Any]) -> Callable[..., Any]:
             return lambda p, t: jvp(g, p, t, has_aux=has_aux)
 
         return derived(f, ("jvp", has_aux), build, static=False)(primals, tangents)
@@ -543,7 +605,7 @@ def jvp(f: Callable, primals: tuple, tangents: tuple, *, has_aux: bool = False) 
     return torch.func.jvp(checked, primals, tangents, has_aux=has_aux)
 
 
-def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
+def vjp(f: Callable[..., Any], *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     """Reverse-mode product: ``(f(*primals), vjp_fn)``; ``vjp_fn(cotangents)`` returns a
     tuple of the gradients of each primal, shaped like it.
 
@@ -582,7 +644,7 @@ def vjp(f: Callable, *primals: Any, has_aux: bool = False) -> tuple[Any, ...]:
     return (out, vjp_fn, res[2]) if has_aux else (out, vjp_fn)  # type: ignore[misc]
 
 
-def _vjp_jitted(where: str, f: Any, primals: tuple, has_aux: bool) -> tuple[Any, ...]:
+def _vjp_jitted(where: str, f: Any, primals: tuple[Any, ...], has_aux: bool) -> tuple[Any, ...]:
     """``fd.vjp`` of a jitted function: the forward is ``f``'s compiled call, and
     ``vjp_fn`` is the compiled ``fd.vjp(inner, *primals)[1](cotangents)`` (it runs the
     forward again inside, as a compiled backward without saved activations would)."""
@@ -590,7 +652,7 @@ def _vjp_jitted(where: str, f: Any, primals: tuple, has_aux: bool) -> tuple[Any,
     out, aux = _split_aux(where, res, has_aux)
     _check_tensor_outputs(where, out)
 
-    def build(g: Callable) -> Callable:
+    def build(g: Callable[..., Any]) -> Callable[..., Any]:
         return lambda p, ct: vjp(g, *p, has_aux=has_aux)[1](ct)
 
     backward = derived(f, ("vjp", has_aux), build, static=False)

@@ -134,11 +134,11 @@ class _PSum(torch.autograd.Function):
         return x * size  # x constant over the axis (its level never saw it batched)
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.marker, ctx.size = inputs[1], inputs[2]
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         return _PSum.apply(g, ctx.marker, ctx.size), None, None
 
     @staticmethod
@@ -146,7 +146,7 @@ class _PSum(torch.autograd.Function):
         return _PSum.apply(x_t, ctx.marker, ctx.size)  # linear: psum of the tangent
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, marker: torch.Tensor, size: int):
+    def vmap(info: Any, in_dims: tuple[Any, ...], x: torch.Tensor, marker: torch.Tensor, size: int):
         xd, md = in_dims[0], in_dims[1]
         if md is None:  # another vmap level: keep its dim, go one level down
             return _PSum.apply(x, marker, size), xd
@@ -167,11 +167,11 @@ class _AllReduceSum(torch.autograd.Function):
         return out
 
     @staticmethod
-    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         ctx.group = inputs[1]
 
     @staticmethod
-    def backward(ctx: Any, g: torch.Tensor) -> tuple:
+    def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
         return _AllReduceSum.apply(g, ctx.group), None
 
     @staticmethod
@@ -179,7 +179,7 @@ class _AllReduceSum(torch.autograd.Function):
         return _AllReduceSum.apply(x_t, ctx.group)
 
     @staticmethod
-    def vmap(info: Any, in_dims: tuple, x: torch.Tensor, group: Any):
+    def vmap(info: Any, in_dims: tuple[Any, ...], x: torch.Tensor, group: Any):
         return _AllReduceSum.apply(x, group), in_dims[0]
 
 
@@ -252,8 +252,8 @@ def axis_size(axis_name: str) -> int:
 
 
 def named_call(
-    axis_name: str, flat_f: Any, flat: Sequence, dims: Sequence
-) -> tuple[Any, list, list]:
+    axis_name: str, flat_f: Any, flat: Sequence[Any], dims: Sequence[Any]
+) -> tuple[Any, list[Any], list[Any]]:
     """``fd.vmap(axis_name=...)``'s hook: the function, leaves and in_dims to give
     ``torch.func.vmap`` so that ``flat_f`` runs with the named axis in scope (one more
     leaf, the marker ``arange(n)`` mapped over dim 0)."""

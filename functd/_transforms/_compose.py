@@ -35,7 +35,12 @@ def is_jitted(f: Any) -> bool:
     return getattr(f, "_fd_jit_derive", None) is not None
 
 
-def derived(f: Any, key: tuple, build: Callable[[Callable], Callable], static: bool = True) -> Any:
+def derived(
+    f: Any,
+    key: tuple[Any, ...],
+    build: Callable[[Callable[..., Any]], Callable[..., Any]],
+    static: bool = True,
+) -> Any:
     """``fd.jit(build(inner))`` with ``f``'s options when ``f`` is a jitted function
     (``inner`` the function it wraps; cached on ``f`` under ``key``, a tuple whose
     first item names the transform), else None. ``static=False``: ``build`` changes

@@ -67,7 +67,9 @@ class _CudaRecorder:
         return device.type == "cuda" and torch.cuda.is_available()
 
     @staticmethod
-    def warm(f: Callable, args: tuple, kwargs: dict, device: torch.device) -> Any:
+    def warm(
+        f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[Any, Any], device: torch.device
+    ) -> Any:
         current = torch.cuda.current_stream(device)
         side = torch.cuda.Stream(device)
         side.wait_stream(current)
@@ -80,7 +82,9 @@ class _CudaRecorder:
         return out
 
     @staticmethod
-    def record(f: Callable, args: tuple, kwargs: dict, device: torch.device):
+    def record(
+        f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[Any, Any], device: torch.device
+    ):
         """Record ``f``. Distributions' argument checks are off while recording: they
         read a result on the host, which a capture forbids, and a replay could not
         check anything anyway (the warm-up calls, run eagerly, do check). A function
@@ -116,7 +120,7 @@ class _Entry:
         self.calls = 0  # warm-up calls done
         self.replay = None  # set once recorded
         self.static_in: list[torch.Tensor] = []
-        self.out_leaves: list = []
+        self.out_leaves: list[Any] = []
         self.out_tensors: list[int] = []  # positions of tensor leaves among out_leaves
         self.passthrough: list[tuple[int, int]] = []  # (output position, input position)
         self.out_spec = None
@@ -126,7 +130,12 @@ class _Graphed:
     """The callable ``cuda_graph`` returns; ``__wrapped__``/``__doc__`` are ``f``'s."""
 
     def __init__(
-        self, f: Callable, warmup: int, clone_outputs: bool, cache_size: int, recorder: Any
+        self,
+        f: Callable[..., Any],
+        warmup: int,
+        clone_outputs: bool,
+        cache_size: int,
+        recorder: Any,
     ) -> None:
         functools.update_wrapper(self, f)
         self._f = f
@@ -134,10 +143,10 @@ class _Graphed:
         self._clone = clone_outputs
         self._maxsize = cache_size
         self._recorder = recorder
-        self._cache: OrderedDict[tuple, _Entry] = OrderedDict()
-        self._memo: dict = {}  # argument position -> (TensorDict, its description)
+        self._cache: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self._memo: dict[Any, Any] = {}  # argument position -> (TensorDict, its description)
         self._warned = False
-        self._specs: tuple | None = None  # the tree structures of the last new signature
+        self._specs: tuple[Any, ...] | None = None  # the tree structures of the last new signature
         self._warned_structure = False
         self._counts = [0, 0, 0]  # recordings, replays, eager
         self._label: str | None = None  # fd.jit(f, cuda_graph=True) names itself
@@ -165,7 +174,7 @@ class _Graphed:
     def _name(self) -> str:
         return self._label or f"cuda_graph({getattr(self._f, '__name__', type(self._f).__name__)})"
 
-    def _eager(self, why: str, args: tuple, kwargs: dict) -> Any:
+    def _eager(self, why: str, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> Any:
         if not self._warned:
             self._warned = True
             warnings.warn(
@@ -221,7 +230,7 @@ class _Graphed:
         self._counts[0] += 1
         return self._outputs(entry, tensors)
 
-    def _check_structure(self, flat: Flat, args: tuple, kwargs: dict) -> None:
+    def _check_structure(self, flat: Flat, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> None:
         """Warn once per wrapper when a new signature comes from a new tree structure
         (keys added or removed), naming the argument and the keys that changed."""
         specs = tuple(d.spec for d in flat.descs)
@@ -243,7 +252,7 @@ class _Graphed:
             stacklevel=3,
         )
 
-    def _bad_inputs(self, grad: bool, args: tuple, kwargs: dict) -> None:
+    def _bad_inputs(self, grad: bool, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> None:
         leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type, var-annotated]
         paths = optree.tree_paths((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type]
         described = [(fmt_call_path(p), v) for p, v in zip(paths, leaves) if _is_tensor(v)]
@@ -254,7 +263,7 @@ class _Graphed:
                 "cannot join an outer autograd graph: compute gradients inside the function "
                 "(torch.func.grad) and pass the inputs detached (`.detach()`)."
             )
-        by_device: dict = {}
+        by_device: dict[Any, Any] = {}
         for p, v in described:
             by_device.setdefault(str(v.device), p)
         where = ", ".join(f"{p} on {d}" for d, p in by_device.items())
@@ -264,7 +273,9 @@ class _Graphed:
             "move every input there first (`.to('cuda')`; a TensorDict's `td.to('cuda')`)."
         )
 
-    def _record(self, entry: _Entry, flat: Flat, args: tuple, kwargs: dict, device) -> None:
+    def _record(
+        self, entry: _Entry, flat: Flat, args: tuple[Any, ...], kwargs: dict[Any, Any], device
+    ) -> None:
         static_in = [torch.empty_like(t) for t in flat.tensors]  # never the caller's tensors
         _copy(static_in, flat.tensors)
         it = iter(static_in)
@@ -296,7 +307,7 @@ class _Graphed:
         entry.replay = replay
         replay()  # recording runs nothing: compute this call's outputs
 
-    def _outputs(self, entry: _Entry, tensors: list) -> Any:
+    def _outputs(self, entry: _Entry, tensors: list[Any]) -> Any:
         leaves = entry.out_leaves
         if entry.passthrough or (self._clone and entry.out_tensors):
             leaves = list(leaves)
@@ -320,7 +331,7 @@ def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
 
 
 def cuda_graph(
-    f: Callable | None = None,
+    f: Callable[..., Any] | None = None,
     *,
     warmup: int = 2,
     clone_outputs: bool = True,

@@ -37,7 +37,7 @@ __all__ = ["MAX_CACHED", "in_leaves", "is_dim"]
 
 #: How many (prefix, treespec) broadcasts are kept (a process maps few layouts).
 MAX_CACHED = 64
-_CACHE: dict[tuple, tuple] = {}
+_CACHE: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 _EMPTY_BS = torch.Size([])
 _Tensor = torch.Tensor
 
@@ -47,11 +47,11 @@ def is_dim(d: Any) -> bool:
     return d is None or (isinstance(d, int) and not isinstance(d, bool))
 
 
-def in_leaves(name: str, args: Any, in_dims: Any) -> tuple[list, Sequence, Any]:
+def in_leaves(name: str, args: Any, in_dims: Any) -> tuple[list[Any], Sequence[Any], Any]:
     """``(leaves, dims, treespec)`` of ``args``: optree's leaves (namespace functd, None
     a leaf), one in_dim per leaf, and the treespec that puts them back."""
     dims = _top_dims(name, args, in_dims)
-    mapped: list = []
+    mapped: list[Any] = []
     pre = prefix(name, args, dims, (), mapped)
     if not mapped:
         raise ValueError(
@@ -59,7 +59,7 @@ def in_leaves(name: str, args: Any, in_dims: Any) -> tuple[list, Sequence, Any]:
             "input must be mapped (an int in_dims for a tensor or TensorDict argument)."
         )
     _check_sizes(name, mapped)
-    leaves: list
+    leaves: list[Any]
     leaves, spec = optree.tree_flatten(args, none_is_leaf=True, namespace=NAMESPACE)
     return leaves, _broadcast(pre, args, spec), spec
 
@@ -82,7 +82,7 @@ def _top_dims(name: str, args: Any, in_dims: Any) -> Any:
     )
 
 
-def _broadcast(pre: Any, args: Any, spec: Any) -> tuple:
+def _broadcast(pre: Any, args: Any, spec: Any) -> tuple[Any, ...]:
     """One dim per leaf: ``pre`` broadcast over ``args`` (cached by the structures)."""
     if pre is None or type(pre) is int:  # one dim for every leaf
         return (pre,) * spec.num_leaves
@@ -101,7 +101,7 @@ def _broadcast(pre: Any, args: Any, spec: Any) -> tuple:
 
 
 # ------------------------------------------------------------------ the prefix
-def prefix(name: str, value: Any, dims: Any, path: tuple, mapped: list) -> Any:
+def prefix(name: str, value: Any, dims: Any, path: tuple[Any, ...], mapped: list[Any]) -> Any:
     """in_dims at ``value`` as a prefix of its structure (see the module docstring);
     appends ``(path, tensor or TensorDict, dim)`` to ``mapped`` for each mapped one."""
     if dims is None or value is None:  # (a None argument is a leaf never mapped)
@@ -133,7 +133,7 @@ def _all_are(subs: Any, dims: Any) -> bool:
     return type(dims) is int and all(type(s) is int and s == dims for s in subs)
 
 
-def _tensor_dim(name: str, path: tuple, t: torch.Tensor, dims: int) -> int:
+def _tensor_dim(name: str, path: tuple[Any, ...], t: torch.Tensor, dims: int) -> int:
     d = dims + t.ndim if dims < 0 else dims
     if not 0 <= d < t.ndim:
         raise ValueError(
@@ -144,7 +144,9 @@ def _tensor_dim(name: str, path: tuple, t: torch.Tensor, dims: int) -> int:
     return d
 
 
-def _td_prefix(name: str, td: TensorDict, dims: Any, path: tuple, mapped: list) -> Any:
+def _td_prefix(
+    name: str, td: TensorDict, dims: Any, path: tuple[Any, ...], mapped: list[Any]
+) -> Any:
     nb = len(td._batch_size)
     if type(dims) is int or is_dim(dims):  # an int (None was handled)
         d = dims
@@ -178,7 +180,7 @@ def _td_prefix(name: str, td: TensorDict, dims: Any, path: tuple, mapped: list) 
     return from_parts(subs, _EMPTY_BS)  # a TensorDict of dims: the prefix of a TensorDict
 
 
-def _seq_prefix(name: str, value: Any, dims: Any, path: tuple, mapped: list) -> Any:
+def _seq_prefix(name: str, value: Any, dims: Any, path: tuple[Any, ...], mapped: list[Any]) -> Any:
     if is_dim(dims):
         subs = [prefix(name, v, dims, (*path, i), mapped) for i, v in enumerate(value)]
     elif isinstance(dims, list | tuple) and len(dims) == len(value):
@@ -196,7 +198,9 @@ def _seq_prefix(name: str, value: Any, dims: Any, path: tuple, mapped: list) -> 
     return type(value)(subs) if type(value) in (list, tuple) else type(value)(*subs)
 
 
-def _other_prefix(name: str, value: Any, dims: Any, path: tuple, mapped: list) -> Any:
+def _other_prefix(
+    name: str, value: Any, dims: Any, path: tuple[Any, ...], mapped: list[Any]
+) -> Any:
     """Another pytree node, or a leaf: its tensors take ``dims`` whole (torch.func maps
     a node that only torch's pytree knows; functd's registry sees a leaf there)."""
     if not is_dim(dims):
@@ -217,7 +221,7 @@ def _other_prefix(name: str, value: Any, dims: Any, path: tuple, mapped: list) -
 
 
 # ------------------------------------------------------------------ checks
-def _check_sizes(name: str, mapped: list) -> None:
+def _check_sizes(name: str, mapped: list[Any]) -> None:
     size = _size(*mapped[0][1:])
     for path, value, d in mapped[1:]:
         if _size(value, d) != size:
@@ -234,14 +238,14 @@ def _size(value: Any, d: int) -> int:
     return value._batch_size[d] if isinstance(value, TensorDict) else value.shape[d]
 
 
-def _leaf_of(path: tuple, value: Any, d: int) -> tuple:
+def _leaf_of(path: tuple[Any, ...], value: Any, d: int) -> tuple[Any, ...]:
     """A mapped TensorDict's first tensor leaf (in leaf order) stands for it in messages."""
     if isinstance(value, TensorDict):
         return next((p, t, dd) for p, t, dd in _leaf_dims(value, d, path) if t is not None)
     return path, value, d
 
 
-def _leaf_dims(td: TensorDict, pre: Any, path: tuple):
+def _leaf_dims(td: TensorDict, pre: Any, path: tuple[Any, ...]):
     """``(path, leaf, dim)`` of each leaf of ``td`` in leaf order, ``pre`` its prefix (for
     the messages: the slow path of a failed check)."""
     for k in spec_of(td).keys:
@@ -252,7 +256,7 @@ def _leaf_dims(td: TensorDict, pre: Any, path: tuple):
             yield (*path, k), v, d
 
 
-def _check_td(name: str, path: tuple, td: TensorDict, leaves: list) -> None:
+def _check_td(name: str, path: tuple[Any, ...], td: TensorDict, leaves: list[Any]) -> None:
     """Inside vmap each TensorDict must stay valid: entries share its batch dims, so all
     of them are mapped over the same batch dim, or none is (a TensorDict with
     batch_size [] may hold independently mapped entries, e.g. {'params': 0, 'td': None}).
@@ -284,7 +288,7 @@ def _check_td(name: str, path: tuple, td: TensorDict, leaves: list) -> None:
 
 
 # ------------------------------------------------------------------ messages
-def _dim_type_error(name: str, path: tuple, dims: Any, value: Any) -> TypeError:
+def _dim_type_error(name: str, path: tuple[Any, ...], dims: Any, value: Any) -> TypeError:
     what = type(value).__name__
     return TypeError(
         f"fd.vmap({name}): in_dims at {fmt_path(path)} is {dims!r} but the input there is a "
@@ -293,7 +297,9 @@ def _dim_type_error(name: str, path: tuple, dims: Any, value: Any) -> TypeError:
     )
 
 
-def _mapping_dims(name: str, path: tuple, dims: Any, keys: Any, what: str) -> Mapping:
+def _mapping_dims(
+    name: str, path: tuple[Any, ...], dims: Any, keys: Any, what: str
+) -> Mapping[Any, Any]:
     if isinstance(dims, TensorDict):
         dims = dims._data
     got, want = set(dims), set(keys)
@@ -307,7 +313,7 @@ def _mapping_dims(name: str, path: tuple, dims: Any, keys: Any, what: str) -> Ma
     return dims
 
 
-def _raise_not_batch(name: str, path: tuple, td: TensorDict, dim: int):
+def _raise_not_batch(name: str, path: tuple[Any, ...], td: TensorDict, dim: int):
     bs = list(td._batch_size)
     entry = next(iter(td.items(True, True)), None)
     ex = ""
@@ -320,5 +326,5 @@ def _raise_not_batch(name: str, path: tuple, td: TensorDict, dim: int):
     )
 
 
-def _as_tuple(k) -> tuple:
+def _as_tuple(k) -> tuple[Any, ...]:
     return k if isinstance(k, tuple) else (k,)

@@ -36,7 +36,7 @@ import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, ParamSpec, TypeVar, overload
 
 import optree
 import torch
@@ -63,6 +63,8 @@ _any_autocast = torch._C._is_any_autocast_enabled
 _TRACE_LOCK = threading.RLock()  # one trace + compile at a time in the process
 _TRACING: list[int | None] = [None]  # the thread whose fd.jit trace is under way
 _get_ident = threading.get_ident
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 def _inline() -> bool:
@@ -203,12 +205,12 @@ def _batch_dims(flat: Flat) -> list[tuple[int, tuple]]:
     return out
 
 
-class _Jitted:
+class _Jitted(Generic[_P, _R]):
     """The callable ``jit`` returns; ``__wrapped__``/``__doc__`` are ``f``'s."""
 
     def __init__(
         self,
-        f: Callable,
+        f: Callable[_P, _R],
         static: tuple[int, ...],
         donate: tuple[int, ...],
         dynamic: bool | None,
@@ -296,7 +298,7 @@ class _Jitted:
     def _name(self) -> str:
         return f"fd.jit({self._fname()})"
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: _P.args, **kwargs: _P.kwargs) -> _R:
         if _is_dynamo() or (_compiler._is_compiling_flag and _inline()):
             # inside torch.compile, torch.export or an outer fd.jit trace: f is traced there
             return self._f(*args, **kwargs)
@@ -598,8 +600,23 @@ class _GraphedJit(_Jitted):
         return self._graphed(*args, **kwargs)  # type: ignore[misc]
 
 
+@overload
 def jit(
-    f: Callable | None = None,
+    f: Callable[_P, _R],
+    *,
+    static_argnums: int | Sequence[int] = (),
+    donate_argnums: int | Sequence[int] = (),
+    dynamic: bool | None = None,
+    cache_size: int = 8,
+    backend: str = "inductor",
+    cuda_graph: bool = False,
+) -> _Jitted[_P, _R]: ...
+@overload  # the decorator form, fd.jit(static_argnums=1): jit's keywords
+def jit(f: None = None, **options: Any) -> Callable[[Callable[_P, _R]], _Jitted[_P, _R]]: ...
+
+
+def jit(  # type: ignore[misc]  # overload 2 spells jit's keywords as **options
+    f: Callable[..., Any] | None = None,
     *,
     static_argnums: int | Sequence[int] = (),
     donate_argnums: int | Sequence[int] = (),

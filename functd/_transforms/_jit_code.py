@@ -60,7 +60,7 @@ class _Code:
         self.ns[name] = value
         return name
 
-    def build(self, header: str, filename: str) -> Callable:
+    def build(self, header: str, filename: str) -> Callable[..., Any]:
         src = "\n".join([header, *("    " + ln for ln in self.lines)]) + "\n"
         self.ns["__source__"] = src
         exec(compile(src, filename, "exec"), self.ns)
@@ -69,7 +69,7 @@ class _Code:
         return fn
 
 
-def source(fn: Callable) -> str:
+def source(fn: Callable[..., Any]) -> str:
     """The generated source of a ``make_match``/``make_outputs`` function."""
     return getattr(fn, "__source__", "")
 
@@ -147,7 +147,9 @@ def _td_lines(c: _Code, a: str, out: str, d: Desc) -> None:
     c.lines.append(f"{out} = [{', '.join(leaves)}]")
 
 
-def make_match(flat: Flat, memo: dict) -> Callable[[tuple, dict], list | None]:
+def make_match(
+    flat: Flat, memo: dict[Any, Any]
+) -> Callable[[tuple[Any, ...], dict[Any, Any]], list[Any] | None]:
     """``match(args, kwargs)``: the tensor leaves of a call with ``flat``'s signature
     (in ``flat.tensors`` order), or None. ``memo`` is the wrapper's ``Flat`` memo
     (argument position -> the latest TensorDict described there, and its
@@ -258,8 +260,12 @@ def _td_node(c: _Code, td: TensorDict, leaves: list[str]) -> str:
 
 
 def make_outputs(
-    out: Any, spec: optree.PyTreeSpec, sources: list[str], constants: list, run: Callable
-) -> Callable[[list], Any]:
+    out: Any,
+    spec: optree.PyTreeSpec,
+    sources: list[str],
+    constants: list[Any],
+    run: Callable[..., Any],
+) -> Callable[[list[Any]], Any]:
     """``outputs(ins)``: run the compiled code on ``ins``, then build the output tree.
     ``sources`` is the expression of each output leaf (``c[i]``: the i-th computed
     output; ``ins[j]``: an input passed through or donated; ``K[i]``: the constant

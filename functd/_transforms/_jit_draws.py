@@ -58,7 +58,7 @@ FIX_HIDDEN = (
 )
 
 
-def draws(op: Any, args: tuple, kwargs: dict) -> bool:
+def draws(op: Any, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> bool:
     """Whether a call of ``op`` draws from torch's global generator: the op is tagged
     ``nondeterministic_seeded`` and its arguments do not rule the draw out. torch tags
     an op by what it may do: the fused attention kernels whatever their ``dropout_p``,
@@ -92,7 +92,7 @@ class _Draw(Exception):
 
 
 def draw_site(
-    op: Any, fn: Callable, fakes: list, tracing: Callable[[], Any]
+    op: Any, fn: Callable[..., Any], fakes: list[Any], tracing: Callable[[], Any]
 ) -> tuple[str, str, str]:
     """``(op, site, fix)`` for the draw ``op`` the graph holds: the op as torch code
     called it (the graph's may come from its decomposition), `` in <torch module>

@@ -29,7 +29,7 @@ __all__ = ["decompositions", "refused_safely"]
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
-def _user_frame_of(frames: list) -> str:
+def _user_frame_of(frames: list[Any]) -> str:
     """``_user_frame`` of the innermost of ``frames`` (frame objects)."""
     if not frames:
         return ""
@@ -63,7 +63,7 @@ class _MixedDtypes(RuntimeError):
     dtype (fake tensors do not check it); ``_refused`` rewrites it."""
 
 
-def _same_dtype_ops() -> dict:
+def _same_dtype_ops() -> dict[Any, Any]:
     """Op -> the operands eager PyTorch requires to share a dtype. ``?``: only on the
     CPU (a ``bias``-like operand: CUDA takes an fp32 one for some); ``~``: unless it
     has no dims (eager takes a 0-dim lerp weight of any float dtype)."""
@@ -87,7 +87,9 @@ def _same_dtype_ops() -> dict:
     }
 
 
-def _bound(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, Any]:
+def _bound(
+    op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[Any, Any]
+) -> dict[str, Any]:
     """An op's call as {schema argument name: value}."""
     out = {}
     for i, a in enumerate(op._schema.arguments):
@@ -95,7 +97,9 @@ def _bound(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> dict[str, An
     return out
 
 
-def _checked(op: torch._ops.OpOverload, names: tuple, decomp: Callable | None) -> Callable:
+def _checked(
+    op: torch._ops.OpOverload, names: tuple[Any, ...], decomp: Callable[..., Any] | None
+) -> Callable[..., Any]:
     """A decomposition-table entry for ``op``: raises ``_MixedDtypes`` when the operands
     ``names`` differ in dtype, else defers to ``decomp`` (None: no decomposition)."""
 
@@ -115,7 +119,7 @@ def _checked(op: torch._ops.OpOverload, names: tuple, decomp: Callable | None) -
     return check
 
 
-def decompositions() -> dict:
+def decompositions() -> dict[Any, Any]:
     """Inductor's decomposition table with the dtype checks of ``_same_dtype_ops``."""
     from torch._inductor.decomposition import select_decomp_table
 
@@ -125,7 +129,7 @@ def decompositions() -> dict:
     return table
 
 
-def _frames(tb: Any) -> list:
+def _frames(tb: Any) -> list[Any]:
     out = []
     while tb is not None:
         out.append(tb.tb_frame)
@@ -213,7 +217,7 @@ def _operand(n: str, v: Tensor, device: bool, sources: list[str] | None) -> str:
     return f"{n}: {dtype}{list(v.shape)}{where} ({src})"
 
 
-def _sources(v: Tensor, tracer: Any, paths: list[str] | None, limit: int = 3) -> list | None:
+def _sources(v: Tensor, tracer: Any, paths: list[str] | None, limit: int = 3) -> list[Any] | None:
     """The argument paths ``v`` was computed from without a dtype change (through
     views, copies, arithmetic with its own dtype): the graph's placeholders reached
     from its node through nodes of its dtype; at most ``limit``. None when not known

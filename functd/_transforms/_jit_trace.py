@@ -188,7 +188,7 @@ def _tracing() -> Iterator[None]:
         torch.compiler._is_compiling_flag = compiling
 
 
-def _fakes(tensors: list[Tensor], dyn: tuple | None):
+def _fakes(tensors: list[Tensor], dyn: tuple[Any, ...] | None):
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (
         DimDynamic,
@@ -239,13 +239,13 @@ def _translate(name: str, e: BaseException) -> BaseException | None:
 
 
 def trace(
-    f: Callable,
+    f: Callable[..., Any],
     name: str,
     flat: Flat,
-    args: tuple,
-    kwargs: dict,
-    dyn: tuple | None,
-    donated: frozenset,
+    args: tuple[Any, ...],
+    kwargs: dict[Any, Any],
+    dyn: tuple[Any, ...] | None,
+    donated: frozenset[Any],
 ) -> Traced:
     """Trace ``f`` on fake copies of the call's tensors (``dyn``: per tensor, the dims
     that are symbolic; None: all static) and check the graph (see the module doc).
@@ -260,10 +260,10 @@ def trace(
     from torch.fx.experimental.proxy_tensor import make_fx
 
     env, fakes = _fakes(flat.tensors, dyn)
-    box: list = []
+    box: list[Any] = []
     t = Traced()
 
-    def flat_fn(*tensors: Tensor) -> tuple:
+    def flat_fn(*tensors: Tensor) -> tuple[Any, ...]:
         it = iter(tensors)
         a, kw = flat.rebuild(args, kwargs, lambda d: [_input(v, it) for v in d.leaves])
         out = f(*a, **kw)
@@ -296,7 +296,7 @@ def trace(
     return t
 
 
-def _input(v: Any, it: Iterator) -> Any:
+def _input(v: Any, it: Iterator[Any]) -> Any:
     if isinstance(v, Tensor):
         return next(it)
     return v.value if type(v) is Static else v
@@ -314,7 +314,10 @@ def _written(node: torch.fx.Node):
 
 
 def _check_graph(
-    name: str, gm: torch.fx.GraphModule, flat: Flat, again: Callable[[], tuple] | None = None
+    name: str,
+    gm: torch.fx.GraphModule,
+    flat: Flat,
+    again: Callable[[], tuple[Any, ...]] | None = None,
 ) -> None:
     """Refuse writes into inputs or closed-over tensors, draws from torch's global
     generator and traced constants in loop steps. ``again()`` runs the function once
@@ -346,7 +349,7 @@ def _check_graph(
             raise TransformError(MUTATES_CONSTANT.format(name=name, op=target))
 
 
-def _check_outputs(name: str, paths: list, leaves: list) -> None:
+def _check_outputs(name: str, paths: list[Any], leaves: list[Any]) -> None:
     for p, v in zip(paths, leaves):
         if isinstance(v, (Tensor, *_CONSTANT_TYPES)) or _int_size(v):
             continue
@@ -370,7 +373,7 @@ def _int_size(v: Any) -> bool:
     return type(v) is torch.Size and all(type(n) is int for n in v)
 
 
-def _split_outputs(t: Traced, gm: torch.fx.GraphModule, tensor_pos: list, donated) -> None:
+def _split_outputs(t: Traced, gm: torch.fx.GraphModule, tensor_pos: list[Any], donated) -> None:
     """Take the outputs that are inputs out of the graph (they are the caller's
     tensors, as eager returns them); with donation, write a computed output into a
     donated input of its shape, dtype and strides, and return that input."""
@@ -398,7 +401,7 @@ def _split_outputs(t: Traced, gm: torch.fx.GraphModule, tensor_pos: list, donate
     gm.recompile()
 
 
-def _donor(v: torch.fx.Node, free: list, by_index: dict) -> int | None:
+def _donor(v: torch.fx.Node, free: list[Any], by_index: dict[Any, Any]) -> int | None:
     """The first donated input with ``v``'s shape, dtype, device and strides."""
     val = v.meta.get("val")
     if not isinstance(val, Tensor):
@@ -416,7 +419,7 @@ def _donor(v: torch.fx.Node, free: list, by_index: dict) -> int | None:
     return None
 
 
-def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str | None]:
+def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list[Any]], Any], str | None]:
     """``(run, source)``: ``run(list_of_input_tensors)`` gives the computed outputs
     (the list is consumed); ``source`` is inductor's generated code (None for "fx")."""
     gm = t.gm
@@ -460,7 +463,7 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list], Any], str |
     return run, getattr(compiled, "source_code", None)
 
 
-def _fake_mode_of(gm: torch.fx.GraphModule, fakes: list) -> Any:
+def _fake_mode_of(gm: torch.fx.GraphModule, fakes: list[Any]) -> Any:
     """A graph without tensor inputs: its trace's fake mode made current, which inductor
     would otherwise replace by one without a ShapeEnv (in which its lowering of a loop
     op fails: "DataDependentOutputException: aten._local_scalar_dense")."""
@@ -481,14 +484,16 @@ class Direct:
 
     __slots__ = ("alloc", "entry", "steal")
 
-    def __init__(self, alloc: Callable, entry: Callable, steal: Callable) -> None:
+    def __init__(
+        self, alloc: Callable[..., Any], entry: Callable[..., Any], steal: Callable
+    ) -> None:
         self.alloc, self.entry, self.steal = alloc, entry, steal
 
-    def __call__(self, ins: list) -> list:
+    def __call__(self, ins: list[Any]) -> list[Any]:
         return self.steal(self.entry(self.alloc(ins)))
 
 
-def _direct(run: Callable) -> Callable:
+def _direct(run: Callable[..., Any]) -> Callable[..., Any]:
     """``Direct`` for inductor's C++ wrapper shim; any other callable (a Python
     wrapper, inductor's input-realigning wrapper) as it is."""
     cells = getattr(run, "__closure__", None)

@@ -122,7 +122,7 @@ def _flat_xs(xs: Any, length: int | None) -> tuple[list[Tensor], Any, int]:
     return leaves, spec, n
 
 
-def _check_tds(v: Any, path: tuple) -> None:
+def _check_tds(v: Any, path: tuple[Any, ...]) -> None:
     if isinstance(v, TensorDict):
         if not v.batch_size:
             raise ValueError(XS_TD.format(path=fmt_path(path, "")))
@@ -153,7 +153,7 @@ def _split(out: Any) -> tuple[Any, Any]:
     return out
 
 
-def check_carry(init_spec: Any, init_leaves: list, carry: Any) -> list[Tensor]:
+def check_carry(init_spec: Any, init_leaves: list[Any], carry: Any) -> list[Tensor]:
     """The leaves of the carry ``f`` returned, checked against init's."""
     paths, leaves, spec = optree.tree_flatten_with_path(carry, namespace=NAMESPACE)
     if spec != init_spec:
@@ -190,7 +190,7 @@ def y_leaves(y: Any) -> tuple[list[Tensor], Any]:
     return leaves, spec
 
 
-def _check_init(init: Any) -> tuple[list, Any]:
+def _check_init(init: Any) -> tuple[list[Any], Any]:
     paths, leaves, spec = optree.tree_flatten_with_path(init, namespace=NAMESPACE)
     for p, v in zip(paths, leaves):
         if not isinstance(v, Tensor):
@@ -201,7 +201,7 @@ def _check_init(init: Any) -> tuple[list, Any]:
     return leaves, spec
 
 
-def _batch_sizes(v: Any, path: tuple, out: dict) -> dict:
+def _batch_sizes(v: Any, path: tuple[Any, ...], out: dict[Any, Any]) -> dict[Any, Any]:
     """``{path: batch size}`` of the TensorDicts in ``v`` (also nested in one another)."""
     if isinstance(v, TensorDict):
         out[path] = list(v.batch_size)
@@ -216,7 +216,7 @@ def _batch_sizes(v: Any, path: tuple, out: dict) -> dict:
     return out
 
 
-def _batch_changed(was: dict, now: dict) -> str:
+def _batch_changed(was: dict[Any, Any], now: dict[Any, Any]) -> str:
     for path, bs in was.items():
         if now.get(path) != bs:
             return CARRY_BATCH.format(path=fmt_path(path, "carry"), was=bs, now=now.get(path))
@@ -242,7 +242,7 @@ def _scalar_dtype(v: Any) -> torch.dtype | None:
     return None
 
 
-def as_carry(init: Any, like: list) -> tuple[Any, dict[int, Any]]:
+def as_carry(init: Any, like: list[Any]) -> tuple[Any, dict[int, Any]]:
     """``init`` with its Python and numpy scalar leaves made 0-d tensors (on the device
     of the first tensor of ``like``), and ``{leaf position: Python value}`` of the weakly
     typed ones (Python ints, floats, complex), whose dtype a step may promote."""
@@ -263,7 +263,7 @@ def as_carry(init: Any, like: list) -> tuple[Any, dict[int, Any]]:
     return optree.tree_unflatten(spec, new), weak
 
 
-def promoted(weak: dict[int, Any], kinds: list, out: Any) -> dict[int, torch.dtype]:
+def promoted(weak: dict[int, Any], kinds: list[Any], out: Any) -> dict[int, torch.dtype]:
     """The weakly typed carry leaves whose dtype the step changed, with the dtype JAX
     gives them (``result_type(weak value, step's result)``: an int carry to which the
     step adds a float becomes a float carry)."""
@@ -289,7 +289,7 @@ def has_scalars(carry: Any, n: int) -> bool:
     return len(leaves) == n and any(type(v) in _SCALARS for v in leaves)
 
 
-def tensorized(carry: Any, kinds: list) -> Any:
+def tensorized(carry: Any, kinds: list[Any]) -> Any:
     """``carry`` with its Python scalar leaves made 0-d tensors on the device of init's
     leaf, of ``result_type(init's dtype, scalar)`` (``kinds``: init's (dtype, device)
     per leaf; a dtype change is then checked as any)."""

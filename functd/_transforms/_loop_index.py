@@ -79,7 +79,11 @@ def traced_index(t: Tensor, idx: Any) -> Tensor | None:
 
 class _IndexMode(TorchFunctionMode):
     def __torch_function__(
-        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[Any, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
         if func is Tensor.__getitem__ and len(args) == 2 and not kwargs:

@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import optree
 import torch
@@ -49,16 +49,18 @@ from ._loop_checks import (
 from ._loop_index import index_mode
 
 __all__ = ["LoopWarning", "fori_loop", "scan"]
+_C = TypeVar("_C")  # the carry (as jax.lax's types; a Python scalar in it is a 0-d tensor)
+_Y = TypeVar("_Y")  # a step's output (stacked: a tensor or TensorDict stays one)
 
 
 def scan(
-    f: Callable[[Any, Any], tuple[Any, Any]],
-    init: Any,
+    f: Callable[[_C, Any], tuple[_C, _Y]],
+    init: _C,
     xs: Any = None,
     length: int | None = None,
     reverse: bool = False,
     unroll: int | bool = 1,
-) -> tuple[Any, Any]:
+) -> tuple[_C, _Y]:
     """Loop ``f(carry, x) -> (carry, y)`` over the leading dim of ``xs``, as
     ``jax.lax.scan``: returns the last carry and the ``y``s stacked along a new dim 0.
 
@@ -146,7 +148,9 @@ class _Retry(Exception):
     whether the step returns Python scalars in its carry)``."""
 
 
-def _first_call(f: Callable, weak: dict[int, Any], init_leaves: list, scalars: bool) -> Callable:
+def _first_call(
+    f: Callable[..., Any], weak: dict[int, Any], init_leaves: list[Any], scalars: bool
+) -> Callable[..., Any]:
     """``f`` as the loop calls it. Its first call (eager, the first step; compiled, the
     trace: every call sees the same types) raises ``_Retry`` when the step changes a
     weakly typed carry's dtype (JAX promotes the init) or returns a Python scalar in
@@ -191,7 +195,7 @@ def _run(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse, unroll
     return _scan_eager(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
 
 
-def _indexing(f: Callable) -> Callable:
+def _indexing(f: Callable[..., Any]) -> Callable[..., Any]:
     """``f`` run where a traced 0-d integer tensor indexes (``xs[i]``, ``_loop_index``)."""
 
     def step(c: Any, x: Any) -> Any:
@@ -239,7 +243,7 @@ def _blocked(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, k, reverse)
     order = range(k - 1, -1, -1) if reverse else range(k)
 
     def block(c: Any, xb: Any) -> tuple[Any, Any]:
-        ys: list = [None] * k
+        ys: list[Any] = [None] * k
         for j in order:
             x = None if xs_spec is None else optree.tree_unflatten(xs_spec, [v[j] for v in xb])
             c, ys[j] = _split(f(c, x))
@@ -265,7 +269,7 @@ def _concat(a: Any, b: Any) -> Any:
     return optree.tree_unflatten(spec, [torch.cat([u, v]) for u, v in zip(la, lb)])
 
 
-def stack_ys(ys: list) -> Any:
+def stack_ys(ys: list[Any]) -> Any:
     """The ``y`` of every step stacked along a new dim 0 (one ``torch.stack`` per leaf)."""
     leaves0, spec = y_leaves(ys[0])
     if not leaves0:
@@ -287,11 +291,11 @@ def stack_ys(ys: list) -> Any:
 def fori_loop(
     lower: int | Tensor,
     upper: int | Tensor,
-    body: Callable[[Tensor, Any], Any],
-    init: Any,
+    body: Callable[[Tensor, _C], _C],
+    init: _C,
     *,
     unroll: int | bool | None = None,
-) -> Any:
+) -> _C:
     """``body(i, carry) -> carry`` for ``i`` in ``range(lower, upper)``, as
     ``jax.lax.fori_loop``; ``i`` is a 0-d int64 tensor (in every mode, so the same
     body runs eager and compiled: index with it, ``xs[i]`` and ``td[i]`` included,
@@ -339,14 +343,14 @@ def fori_loop(
         init = as_carry(init, [])[0]
         _check_init(init)
         return init
-    leaves = optree.tree_leaves(init, namespace=NAMESPACE)
+    leaves: list[Any] = optree.tree_leaves(init, namespace=NAMESPACE)  # type: ignore[arg-type]
     device = next((v.device for v in leaves if isinstance(v, Tensor)), None)
     idx = torch.arange(lower, upper, dtype=torch.int64, device=device)
     carry, _ = scan(lambda c, i: (body(i, c), None), init, idx, unroll=k)
     return carry
 
 
-def _while(lower: Any, upper: Any, body: Callable, init: Any) -> Any:
+def _while(lower: Any, upper: Any, body: Callable[..., Any], init: Any) -> Any:
     """A loop whose bound is not known while tracing: ``fori_while`` (``_while``)."""
     try:
         from ._while import fori_while  # type: ignore[import-not-found,unused-ignore]

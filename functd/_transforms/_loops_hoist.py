@@ -56,7 +56,7 @@ def invariant(sub: torch.fx.GraphModule, n_init: int) -> list[int]:
     return keep
 
 
-def hoist_invariants(fx_tracer: Any, node: torch.fx.Node, out: list, init: list) -> list:
+def hoist_invariants(fx_tracer: Any, node: torch.fx.Node, out: list[Any], init: list[Any]) -> list:
     """Rewrite the scan ``node`` (its subgraph, its arguments, the ``getitem``s of its
     outputs) so its invariant carries are ``additional_inputs``; returns ``out`` with
     the init value in place of each (the getitems of those outputs are erased)."""

@@ -38,7 +38,8 @@ import optree
 import torch
 from torch import Tensor
 
-from ._loop_checks import NAMESPACE, LoopWarning, _split, check_carry, y_leaves
+from .._td._tree import NAMESPACE
+from ._loop_checks import LoopWarning, _split, check_carry, y_leaves
 from ._loops_hoist import hoist_invariants
 
 __all__ = ["abstract_step", "concrete", "loops_unrolled", "scan_compiled"]
@@ -90,7 +91,7 @@ def scan_compiled(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, revers
     return _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
 
 
-def abstract_step(f: Any, init: Any, xs_leaves: list, xs_spec: Any) -> Any:
+def abstract_step(f: Any, init: Any, xs_leaves: list[Any], xs_spec: Any) -> Any:
     """``f(init, x)`` on a slice of zeros shaped as a step of ``xs``, for its shapes and
     dtypes only (a loop of 0 steps): on fake tensors eager (closed-over tensors are
     faked as met), on the trace's fake tensors without recording it under make_fx,
@@ -148,7 +149,7 @@ def _tokened(f, init, init_spec, xs_leaves, xs_spec, n, reverse):
     device = xs_leaves[0].device if xs_leaves else None
     token = torch.zeros((), device=device)
 
-    def step(carry: tuple, x: Any) -> tuple:
+    def step(carry: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
         new, y = _split(f(carry[0], x))
         check_carry(init_spec, [], new)  # the user's carry, with the user's message
         return (new, carry[1]), y
@@ -166,7 +167,7 @@ def _inputs(init_leaves, xs_leaves, n, reverse) -> list[Tensor]:
     return [torch.flip(v, (0,)) for v in xs_leaves] if reverse else list(xs_leaves)
 
 
-def _body(f, init_leaves, init_spec, xs_spec, box: list | None):
+def _body(f, init_leaves, init_spec, xs_spec, box: list[Any] | None):
     """The step on flat leaves: ``(*carry, *x) -> [*carry, *y]`` (fresh tensors: the
     op refuses outputs that alias its inputs). A step with one output (one carry, no
     ``y``: every ``fori_loop`` of one tensor) gets a 0-d ``y`` more, dropped after
@@ -203,7 +204,7 @@ def _canonical(t: Tensor) -> Tensor:
     return t.clone(memory_format=_CONTIGUOUS)
 
 
-def _finish(out: list, init_spec, y_spec, n_init: int, reverse: bool):
+def _finish(out: list[Any], init_spec, y_spec, n_init: int, reverse: bool):
     carry = optree.tree_unflatten(init_spec, list(out[:n_init]))
     ys = list(out[n_init : n_init + y_spec.num_leaves])  # (without _body's padding)
     if reverse:
@@ -226,7 +227,7 @@ def _dynamo(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     body = _body(f, init_leaves, init_spec, xs_spec, None)
     n_init = len(init_leaves)
 
-    def step(c: list, x: list):
+    def step(c: list[Any], x: list[Any]):
         out = body(*c, *x)
         return out[:n_init], out[n_init:]
 
@@ -247,7 +248,7 @@ def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
     vmap = _vmap_on_top()
     if vmap is not None:
         return _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse)
-    box: list = []
+    box: list[Any] = []
     body = _body(f, init_leaves, init_spec, xs_spec, box)
     graph = tracer.fx_tracer.graph
     before = _scan_nodes(graph)
@@ -299,10 +300,10 @@ def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse
     c0 = [_at(t, d, 0, size) for t, d in zip([*c0, *e0], [*c_dims, *e_dims])]  # all batched
     x0 = [t if d is None else t.movedim(d, 1) for t, d in zip(x0, x_dims)]
     x_in = [None if d is None else 0 for d in x_dims]  # a step's slice: dim 0
-    box: list = []
+    box: list[Any] = []
 
-    def step(c: list, x: list | None):
-        def batched(cs: list, xl: list):
+    def step(c: list[Any], x: list[Any] | None):
+        def batched(cs: list[Any], xl: list[Any]):
             with _swapped(closed, cs[n_c:]):  # f reads this level's closed-over tensors
                 out = f(
                     optree.tree_unflatten(init_spec, cs[:n_c]),
@@ -344,7 +345,9 @@ def _mapped(v: Any, level: int) -> bool:
     return isinstance(v, Tensor) and _F.is_batchedtensor(v) and _F.maybe_get_level(v) == level
 
 
-def _mapped_cells(f: Any, level: int, depth: int = 0, seen: dict | None = None) -> list | None:
+def _mapped_cells(
+    f: Any, level: int, depth: int = 0, seen: dict[Any, Any] | None = None
+) -> list[Any] | None:
     """The closure cells of ``f`` (and of the functions it closes over) whose value holds
     tensors mapped at vmap ``level``: ``(cell, value, leaves, spec, mapped positions)``
     each, or None when such a tensor is a ``functools.partial`` argument (not a cell).
@@ -361,7 +364,7 @@ def _mapped_cells(f: Any, level: int, depth: int = 0, seen: dict | None = None) 
     cells = getattr(f, "__closure__", None)
     if getattr(f, "__code__", None) is None or not cells:
         return []
-    found: list = []
+    found: list[Any] = []
     for cell in cells:
         try:
             value = cell.cell_contents
@@ -384,7 +387,7 @@ def _mapped_cells(f: Any, level: int, depth: int = 0, seen: dict | None = None) 
 
 
 @contextlib.contextmanager
-def _swapped(closed: list, values: list) -> Iterator[None]:
+def _swapped(closed: list[Any], values: list[Any]) -> Iterator[None]:
     """The cells of ``closed`` (``_mapped_cells``) hold ``values`` in place of their
     mapped tensors for the block, then their own values again."""
     it = iter(values)
@@ -424,7 +427,7 @@ def _mapped_closures(f: Any, level: int, depth: int = 0) -> list[str]:
     return found
 
 
-def _mapped_in(values: list, level: int) -> list[str]:
+def _mapped_in(values: list[Any], level: int) -> list[str]:
     out = []
     for name, value in values:
         for leaf in optree.tree_leaves(value, namespace=NAMESPACE):
@@ -452,7 +455,7 @@ def _under_grad() -> bool:
     return any(i.key() in grad for i in retrieve_all_functorch_interpreters())
 
 
-def _scan_nodes(graph: torch.fx.Graph) -> list:
+def _scan_nodes(graph: torch.fx.Graph) -> list[Any]:
     return list(graph.find_nodes(op="call_function", target=torch.ops.higher_order.scan))
 
 
@@ -558,7 +561,7 @@ def _to_placeholder(gm: torch.fx.GraphModule, const: torch.fx.Node, value: Tenso
     gm.recompile()
 
 
-def _fresh_ph(placeholders: list) -> str:
+def _fresh_ph(placeholders: list[Any]) -> str:
     names = {p.name for p in placeholders}
     i = 0
     while f"lifted_{i}" in names:

@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch.utils._pytree as torch_pytree
 
 __all__ = ["fmt_call_path", "fmt_path"]
@@ -23,12 +25,12 @@ __all__ = ["fmt_call_path", "fmt_path"]
 _KEY_ENTRIES = (torch_pytree.MappingKey, torch_pytree.SequenceKey, torch_pytree.GetAttrKey)
 
 
-def fmt_path(path: tuple, root: str = "args") -> str:
+def fmt_path(path: tuple[Any, ...], root: str = "args") -> str:
     """``root`` followed by one ``[key]`` per step (``.name`` for an attribute)."""
     return root + "".join(str(p) if isinstance(p, _KEY_ENTRIES) else f"[{p!r}]" for p in path)
 
 
-def fmt_call_path(path: tuple) -> str:
+def fmt_call_path(path: tuple[Any, ...]) -> str:
     """A path into the pair ``(args, kwargs)`` of a call: ``args[i]...`` or ``name=...``."""
     head, at, rest = path[0], path[1], path[2:]
     return fmt_path(rest, f"args[{at}]" if head == 0 else f"{at}=")

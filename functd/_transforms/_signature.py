@@ -78,7 +78,7 @@ class Bits:
         return repr(self.value)
 
 
-def leaf_part(v: Any) -> tuple:
+def leaf_part(v: Any) -> tuple[Any, ...]:
     """A non-tensor leaf's part of a signature: ``(type, value)``; a float or complex
     ``(type, its bytes)`` (a numpy one ``(type, Bits)``), so that ``0.0`` and ``-0.0``
     are two signatures and ``nan`` one. ``shown`` gives the value back."""
@@ -90,7 +90,7 @@ def leaf_part(v: Any) -> tuple:
     return (t, Bits(v)) if _inexact(v) else (t, v)
 
 
-def shown(part: tuple) -> str:
+def shown(part: tuple[Any, ...]) -> str:
     """``repr`` of the value of a non-tensor leaf's ``leaf_part``."""
     t, v = part
     if t is float and type(v) is bytes:
@@ -129,7 +129,7 @@ def by_bits(v: Any) -> Any:
     return v
 
 
-def _td_layout(x: Any) -> tuple:
+def _td_layout(x: Any) -> tuple[Any, ...]:
     """The batch sizes of the TensorDicts in ``x`` (found inside TensorDicts, tuples,
     lists and dicts), in a fixed walk order."""
     out = []
@@ -152,7 +152,7 @@ class _Key:
 
     __slots__ = ("hash", "value")
 
-    def __init__(self, value: tuple) -> None:
+    def __init__(self, value: tuple[Any, ...]) -> None:
         self.value = value
         self.hash: int | None
         try:
@@ -189,8 +189,8 @@ class Desc:
         self.value, self._spec = a, None
         t = type(a)
         if t is TensorDict:
-            nodes: list = []
-            leaves: list = []
+            nodes: list[Any] = []
+            leaves: list[Any] = []
             _walk(a, nodes, leaves)
             self.kind, tensors, struct, layout = "td", leaves, tuple(nodes), ()
         elif t is torch.Tensor or t is torch.nn.Parameter:
@@ -227,7 +227,7 @@ class Desc:
             self._spec = optree.tree_structure(self.value, namespace=NAMESPACE)
         return self._spec
 
-    def paths(self) -> list[tuple]:
+    def paths(self) -> list[tuple[Any, ...]]:
         """The key path of every leaf, in the order of ``leaves``."""
         if self.kind == "tensor":
             return [()]
@@ -235,7 +235,7 @@ class Desc:
             return _td_paths(self.key.value[0])
         return self.spec.paths()
 
-    def rebuild(self, leaves: list) -> Any:
+    def rebuild(self, leaves: list[Any]) -> Any:
         """The argument with ``leaves`` (in the order of ``self.leaves``) in its place."""
         if self.kind == "tensor":
             return leaves[0]
@@ -244,7 +244,7 @@ class Desc:
         return optree.tree_unflatten(self.spec, leaves)
 
 
-def _walk(td: TensorDict, nodes: list, leaves: list) -> None:
+def _walk(td: TensorDict, nodes: list[Any], leaves: list[Any]) -> None:
     data = td._data
     types = tuple(map(type, data.values()))
     nodes.append((tuple(data), types, td._batch_size))
@@ -258,12 +258,12 @@ def _walk(td: TensorDict, nodes: list, leaves: list) -> None:
             leaves.append(v)
 
 
-def _td_paths(nodes: tuple) -> list[tuple]:
+def _td_paths(nodes: tuple[Any, ...]) -> list[tuple[Any, ...]]:
     it = iter(nodes)
 
-    def rec(prefix: tuple) -> list:
+    def rec(prefix: tuple[Any, ...]) -> list[Any]:
         keys, types, _ = next(it)
-        out: list = []
+        out: list[Any] = []
         for k, ty in zip(keys, types):
             if ty is TensorDict:
                 out += rec((*prefix, k))
@@ -289,7 +289,7 @@ def _rebuild_td(td: TensorDict, it) -> TensorDict:
     return from_parts(data, torch.Size(bs))
 
 
-def skeleton(d: Desc) -> tuple:
+def skeleton(d: Desc) -> tuple[Any, ...]:
     """``d``'s signature part without sizes and strides: what a symbolic dim keeps."""
     struct, where, layout, parts = d.key.value
     if d.kind == "td":
@@ -311,7 +311,7 @@ class Flat:
 
     __slots__ = ("descs", "grad", "nargs", "sig", "tensors")
 
-    def __init__(self, args: tuple, kwargs: dict, memo: dict) -> None:
+    def __init__(self, args: tuple[Any, ...], kwargs: dict[Any, Any], memo: dict[Any, Any]) -> None:
         descs = []
         for i, a in enumerate((*args, *kwargs.values()) if kwargs else args):
             hit = memo.get(i)
@@ -328,7 +328,7 @@ class Flat:
         if len(descs) == 1:
             self.tensors, self.grad = descs[0].tensors, descs[0].grad
         else:
-            tensors: list = []
+            tensors: list[Any] = []
             grad = False
             for d in descs:
                 tensors += d.tensors
@@ -336,11 +336,11 @@ class Flat:
             self.tensors, self.grad = tensors, grad
 
     @property
-    def devices(self) -> set:
+    def devices(self) -> set[Any]:
         """The devices of all tensor leaves."""
         return set().union(*(d.devices for d in self.descs)) if self.descs else set()
 
-    def rebuild(self, args: tuple, kwargs: dict, leaves_of) -> tuple:
+    def rebuild(self, args: tuple[Any, ...], kwargs: dict[Any, Any], leaves_of) -> tuple[Any, ...]:
         """(args, kwargs) with every argument's leaves replaced by ``leaves_of(desc)``."""
         vals = [d.rebuild(leaves_of(d)) for d in self.descs]
         return tuple(vals[: len(args)]), dict(zip(kwargs, vals[len(args) :]))
@@ -356,7 +356,7 @@ class Flat:
         return out
 
 
-def signature(args: tuple, kwargs: dict) -> tuple:
+def signature(args: tuple[Any, ...], kwargs: dict[Any, Any]) -> tuple[Any, ...]:
     """The cache key of a call: per argument its tree structure, the batch sizes of its
     TensorDicts, per tensor ``(shape, dtype, stride)``, its devices, and its non-tensor
     leaves (which must be hashable).
@@ -384,7 +384,7 @@ def _hashable(v: Any) -> bool:
     return True
 
 
-def unhashable(where: str, args: tuple, kwargs: dict) -> TypeError:
+def unhashable(where: str, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> TypeError:
     """The error for a call whose signature cannot be hashed: names the first
     non-tensor leaf that is not hashable."""
     leaves = optree.tree_leaves((args, kwargs), namespace=NAMESPACE)  # type: ignore[arg-type, var-annotated]
@@ -405,15 +405,15 @@ def unhashable(where: str, args: tuple, kwargs: dict) -> TypeError:
 
 
 # ------------------------------------------------------------------ what changed
-def _fmt_keys(paths: set) -> str:
+def _fmt_keys(paths: set[Any]) -> str:
     return ", ".join(repr(p[0] if len(p) == 1 else p) for p in sorted(paths, key=str)) or "none"
 
 
-def _names(nargs: int, kwargs: tuple) -> list[str]:
+def _names(nargs: int, kwargs: tuple[Any, ...]) -> list[str]:
     return [f"args[{i}]" for i in range(nargs)] + [f"{k}=" for k in kwargs]
 
 
-def describe_change(old: tuple, new: tuple) -> str:
+def describe_change(old: tuple[Any, ...], new: tuple[Any, ...]) -> str:
     """What differs between two signatures (``Flat.sig``), in words: the first
     argument that changed and how (keys gained or lost, a batch size, a leaf's
     shape, dtype, stride or device, a static value).
@@ -433,7 +433,7 @@ def describe_change(old: tuple, new: tuple) -> str:
     return "nothing (the same signature)"
 
 
-def _struct_paths(struct: Any) -> list[tuple]:
+def _struct_paths(struct: Any) -> list[tuple[Any, ...]]:
     """The leaf paths of an argument's structure part (see ``Desc``)."""
     if struct == "tensor":
         return [()]
@@ -442,11 +442,11 @@ def _struct_paths(struct: Any) -> list[tuple]:
     return struct.paths()
 
 
-def _layout(struct: Any, layout: tuple) -> tuple:
+def _layout(struct: Any, layout: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(n[2] for n in struct) if type(struct) is tuple else layout
 
 
-def _arg_change(a: tuple, b: tuple) -> str:
+def _arg_change(a: tuple[Any, ...], b: tuple[Any, ...]) -> str:
     """How one argument's signature changed: ``": ..."`` for the argument, or
     ``"['x']: ..."`` for one of its leaves."""
     (spec_a, dev_a, lay_a, parts_a), (spec_b, dev_b, lay_b, parts_b) = a, b
@@ -476,7 +476,7 @@ def _arg_change(a: tuple, b: tuple) -> str:
     return f": devices {[str(d) for d in dev_a]} -> {[str(d) for d in dev_b]}"
 
 
-def _leaf(part: tuple) -> str:
+def _leaf(part: tuple[Any, ...]) -> str:
     if isinstance(part[0], torch.Size):
         return f"a {part[1]} tensor of shape {list(part[0])}"
     return shown(part)

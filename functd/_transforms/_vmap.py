@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import optree
 import torch
@@ -91,7 +91,7 @@ def _mixed(dims: Any) -> bool:
     return False
 
 
-def _plain(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
+def _plain(out: Any, dims: Any, path: tuple[Any, ...], name: str, converted: set[Any]) -> Any:
     """Inside vmap: give torch a dict for each TensorDict output whose entries get
     different out_dims (only valid for batch_size [], where entries are independent)."""
     if isinstance(dims, tuple | list) and isinstance(out, tuple | list):
@@ -115,7 +115,7 @@ def _plain(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
     return out
 
 
-def _uniform(dims: Any, path: tuple, name: str) -> Any:
+def _uniform(dims: Any, path: tuple[Any, ...], name: str) -> Any:
     """A mapping given for a TensorDict output must say one thing for all its entries."""
     items = dims._data.items() if isinstance(dims, TensorDict) else dims.items()
     vals = []
@@ -131,7 +131,7 @@ def _uniform(dims: Any, path: tuple, name: str) -> Any:
     )
 
 
-def _place(out: Any, dims: Any, path: tuple, name: str, converted: set) -> Any:
+def _place(out: Any, dims: Any, path: tuple[Any, ...], name: str, converted: set[Any]) -> Any:
     """Move the mapped dim (at 0 after torch.func.vmap) to where ``dims`` says, and turn
     the dicts that stood for TensorDicts (``converted``) back into TensorDicts."""
     if dims is None or (_is_dim(dims) and dims == 0):
@@ -176,6 +176,8 @@ def _move_td(td: TensorDict, d: int) -> TensorDict:
 
 
 _NONE_OUTPUT = "got type <class 'NoneType'>"
+_P = ParamSpec("_P")
+_R = TypeVar("_R")  # vmap keeps f's types: a mapped TensorDict or tensor is one still
 
 
 def _without_nones(out: Any, nones: list[int]) -> Any:
@@ -196,7 +198,7 @@ def _with_nones(out: Any, nones: list[int]) -> Any:
 
 
 # ------------------------------------------------------------------ vmap
-def _name(f: Callable) -> str:
+def _name(f: Callable[..., Any]) -> str:
     return getattr(f, "__name__", None) or type(f).__name__
 
 
@@ -212,14 +214,14 @@ def _translate(e: RuntimeError, name: str) -> Exception | None:
 
 
 def vmap(
-    f: Callable,
+    f: Callable[_P, _R],
     in_dims: Any = 0,
     out_dims: Any = 0,
     randomness: str = "error",
     *,
     chunk_size: int | None = None,
     axis_name: str | None = None,
-) -> Callable:
+) -> Callable[_P, _R]:
     """Vectorise ``f`` over a dim of its inputs: ``torch.func.vmap`` that knows TensorDicts.
 
     Inside ``f`` a mapped TensorDict has the batch size without the mapped dim;
@@ -263,7 +265,7 @@ def vmap(
     """
     key = ("vmap", in_dims, out_dims, randomness, chunk_size, axis_name)
 
-    def build(g: Callable) -> Callable:
+    def build(g: Callable[..., Any]) -> Callable[..., Any]:
         return vmap(g, in_dims, out_dims, randomness, chunk_size=chunk_size, axis_name=axis_name)
 
     jitted = derived(f, key, build)
@@ -281,7 +283,7 @@ def vmap(
     return functools.wraps(f)(mapped)
 
 
-def _mapped(f, name, in_dims, out_dims, randomness, chunk_size, axis_name) -> Callable:
+def _mapped(f, name, in_dims, out_dims, randomness, chunk_size, axis_name) -> Callable[..., Any]:
     """The function ``fd.vmap`` returns (before ``functools.wraps``): per call, the leaves
     and their dims (``in_leaves``), ``torch.func.vmap`` of a function of the leaves, and
     the mapped dims moved to ``out_dims``."""
@@ -290,11 +292,11 @@ def _mapped(f, name, in_dims, out_dims, randomness, chunk_size, axis_name) -> Ca
     mixed = _mixed(out_dims)
 
     def mapped(*args: Any, **kwargs: Any) -> Any:
-        flat: Sequence
-        dims: Sequence
+        flat: Sequence[Any]
+        dims: Sequence[Any]
         flat, dims, spec = in_leaves(name, args, in_dims)
 
-        converted: set = set()
+        converted: set[Any] = set()
         nones: list[int] = []  # None outputs: their positions (see _without_nones)
 
         def run(fill: bool) -> Any:

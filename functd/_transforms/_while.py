@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import optree
 import torch
@@ -88,7 +88,10 @@ VMAP_BELOW = (
 )
 
 
-def while_loop(cond: Callable[[Any], Any], body: Callable[[Any], Any], init: Any) -> Any:
+_C = TypeVar("_C")  # the carry (as jax.lax's types; a Python scalar in it is a 0-d tensor)
+
+
+def while_loop(cond: Callable[[_C], Any], body: Callable[[_C], _C], init: _C) -> _C:
     """Run ``carry = body(carry)`` while ``cond(carry)``, as ``jax.lax.while_loop``;
     returns the final carry (``init`` when ``cond(init)`` is False).
 
@@ -158,10 +161,10 @@ def fori_while(lower: Any, upper: Any, body: Callable[[Tensor, Any], Any], init:
     device = _device(init)
     lo, hi = (_bound(b, name, device) for b, name in ((lower, "lower"), (upper, "upper")))
 
-    def cond(c: tuple) -> Tensor:
+    def cond(c: tuple[Any, ...]) -> Tensor:
         return c[0] < c[1]
 
-    def step(c: tuple) -> tuple:
+    def step(c: tuple[Any, ...]) -> tuple[Any, ...]:
         i, n, carry = c
         return i + 1, n, body(i, carry)
 
@@ -192,7 +195,7 @@ def _device(tree: Any) -> Any:
 
 
 # ---------------------------------------------------------------------------- the loop
-def _while(cond: Callable, body: Callable, init: Any, where: str) -> Any:
+def _while(cond: Callable[..., Any], body: Callable[..., Any], init: Any, where: str) -> Any:
     paths, leaves, spec = optree.tree_flatten_with_path(init, namespace=NAMESPACE)
     device = _device(init)
     raw = leaves
@@ -227,8 +230,12 @@ def _while(cond: Callable, body: Callable, init: Any, where: str) -> Any:
 
 
 def _run(
-    cond_flat: Callable, body_flat: Callable, leaves: list[Tensor], where: str, user: tuple
-) -> list:
+    cond_flat: Callable[..., Any],
+    body_flat: Callable[..., Any],
+    leaves: list[Tensor],
+    where: str,
+    user: tuple[Any, ...],
+) -> list[Any]:
     """The loop on flat leaves, by what is on top of the transform stack (``user``: the
     caller's cond and body, whose closures are checked under vmap in fd.jit)."""
     vmap = _vmap_on_top()
@@ -288,7 +295,7 @@ def _as_tensor(v: Any, path: Any, device: Any, where: str) -> Tensor:
 
 
 def _promote(
-    body: Callable, spec: Any, leaves: list[Tensor], raw: list, weak: list[bool]
+    body: Callable[..., Any], spec: Any, leaves: list[Tensor], raw: list[Any], weak: list[bool]
 ) -> list[Tensor]:
     """The carry with each weakly typed leaf (a Python int or float in init) cast to
     the dtype ``body`` gives it, as JAX traces ``body`` with weakly typed values. The
@@ -333,7 +340,7 @@ def _refuse(where: str) -> Callable[[Tensor], None]:
     return hook
 
 
-def _grad_levels() -> list:
+def _grad_levels() -> list[Any]:
     from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
 
     return [i for i in retrieve_all_functorch_interpreters() if i.key() == _F.TransformType.Grad]
@@ -352,8 +359,13 @@ class _Changed(Exception):
 
 
 def _batched(
-    vmap: Any, cond_flat: Callable, body_flat: Callable, leaves: list, where: str, user: tuple
-) -> list:
+    vmap: Any,
+    cond_flat: Callable[..., Any],
+    body_flat: Callable[..., Any],
+    leaves: list[Any],
+    where: str,
+    user: tuple[Any, ...],
+) -> list[Any]:
     """JAX's batching rule for the loop at the innermost vmap, run one level lower.
 
     A carry whose init is unbatched and that body returns as it was (the same tensor:
@@ -366,9 +378,9 @@ def _batched(
     from torch._functorch.vmap import unwrap_batched
 
     level = vmap.level()
-    closed: list = []  # traced: mapped tensors cond/body close over ride in the carry
+    closed: list[Any] = []  # traced: mapped tensors cond/body close over ride in the carry
     if torch.compiler.is_compiling():
-        seen: dict = {}
+        seen: dict[Any, Any] = {}
         found = [_mapped_cells(fn, level, 0, seen) for fn in user]
         if any(c is None for c in found):
             mapped = [m for fn in user for m in _mapped_closures(fn, level)]
@@ -392,15 +404,15 @@ def _batched(
 
 def _batched_loop(
     vmap: Any,
-    cond_flat: Callable,
-    body_flat: Callable,
-    unwrapped: tuple,
-    closed: list,
+    cond_flat: Callable[..., Any],
+    body_flat: Callable[..., Any],
+    unwrapped: tuple[Any, ...],
+    closed: list[Any],
     keep: set[int],
     token: object,
     where: str,
-    user: tuple,
-) -> list:
+    user: tuple[Any, ...],
+) -> list[Any]:
     """One try of ``_batched``: the carries in ``keep`` unbatched, the others at dim 0."""
     from torch._functorch.vmap import restore_vmap, wrap_batched
 
@@ -414,24 +426,24 @@ def _batched_loop(
     in_dims = ([None if k in keep else 0 for k in range(len(cs0))],)
     same: list[bool] = []  # per carry of the last step: body returned it as it was
 
-    def run_cond(c: list) -> Tensor:
+    def run_cond(c: list[Any]) -> Tensor:
         with _swapped(closed, c[n:]):
             return cond_flat(c[:n])
 
-    def run_body(c: list) -> list:
+    def run_body(c: list[Any]) -> list[Any]:
         with _swapped(closed, c[n:]):
             new = [*body_flat(c[:n]), *c[n:]]
         same[:] = [a is b for a, b in zip(new, c)]
         return new
 
-    def pred(cs: list) -> tuple[Tensor, Any]:
+    def pred(cs: list[Any]) -> tuple[Tensor, Any]:
         return restore_vmap(run_cond, in_dims, size, rnd)(cs)
 
-    def cond_lower(cs: list) -> Tensor:
+    def cond_lower(cs: list[Any]) -> Tensor:
         p, d = pred(cs)
         return p if d is None else p.any()
 
-    def body_lower(cs: list) -> list:
+    def body_lower(cs: list[Any]) -> list[Any]:
         new, nd = restore_vmap(run_body, in_dims, size, rnd)(cs)
         changed = {k for k in keep if not same[k]}
         if changed:
@@ -452,7 +464,13 @@ def _batched_loop(
 
 
 # ---------------------------------------------------------------------------- make_fx
-def _traced(fx_tracer: Any, cond_flat: Callable, body_flat: Callable, leaves: list, where: str):
+def _traced(
+    fx_tracer: Any,
+    cond_flat: Callable[..., Any],
+    body_flat: Callable[..., Any],
+    leaves: list[Any],
+    where: str,
+):
     """The loop as torch's while_loop op in the trace, its closures made inputs."""
     from torch._higher_order_ops.while_loop import while_loop_op
 
@@ -466,7 +484,7 @@ def _traced(fx_tracer: Any, cond_flat: Callable, body_flat: Callable, leaves: li
     def cond_op(*cs: Tensor) -> Tensor:
         return cond_flat([] if token else list(cs))
 
-    def body_op(*cs: Tensor) -> tuple:
+    def body_op(*cs: Tensor) -> tuple[Any, ...]:
         if token:
             body_flat([])
             return (cs[0].clone(),)
@@ -485,11 +503,11 @@ def _traced(fx_tracer: Any, cond_flat: Callable, body_flat: Callable, leaves: li
 _LOOP_OPS = (torch.ops.higher_order.scan, torch.ops.higher_order.while_loop)
 
 
-def _loop_nodes(graph: torch.fx.Graph) -> list:
+def _loop_nodes(graph: torch.fx.Graph) -> list[Any]:
     return [n for op in _LOOP_OPS for n in graph.find_nodes(op="call_function", target=op)]
 
 
-def _subs(owner: Any, node: Any) -> list:
+def _subs(owner: Any, node: Any) -> list[Any]:
     """The subgraphs of a loop node: scan's step; while_loop's cond and body."""
     n = 2 if node.target is torch.ops.higher_order.while_loop else 1
     return [getattr(owner, node.args[k].target) for k in range(n)]
@@ -509,7 +527,7 @@ def _lift(fx_tracer: Any, node: Any) -> None:
 
     order = {n: i for i, n in enumerate(fx_tracer.graph.nodes)}
 
-    def resolve(value: Tensor) -> tuple | None:
+    def resolve(value: Tensor) -> tuple[Any, ...] | None:
         proxy = get_proxy_slot(value, fx_tracer, None)
         if proxy is not None:
             # (a value of the loop itself: torch's alias check re-traces a body whose
@@ -532,7 +550,7 @@ def _pull_up(gm: torch.fx.GraphModule) -> None:
         for sub in subs:
             _pull_up(sub)
 
-        def resolve(value: Tensor, node: Any = node) -> tuple:
+        def resolve(value: Tensor, node: Any = node) -> tuple[Any, ...]:
             attr = _constant_of(gm, gm.graph, node, value)
             return attr, attr.meta["val"]
 
@@ -540,10 +558,10 @@ def _pull_up(gm: torch.fx.GraphModule) -> None:
     gm.recompile()
 
 
-def _move(node: Any, subs: list, resolve: Callable[[Tensor], tuple | None]) -> None:
+def _move(node: Any, subs: list[Any], resolve: Callable[[Tensor], tuple[Any, ...] | None]) -> None:
     """Replace the tensor constants of ``subs`` by new last inputs (one per tensor,
     the same in every subgraph), fed from the outer nodes ``resolve`` gives."""
-    outer: dict[int, tuple] = {}
+    outer: dict[int, tuple[Any, ...]] = {}
     uses = []
     for sub in subs:
         for const in list(sub.graph.find_nodes(op="get_attr")):

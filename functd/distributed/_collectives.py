@@ -107,7 +107,7 @@ def _buckets(where: str, leaves: list[Tensor], cap_mb: float) -> list[_Bucket]:
     if isinstance(cap_mb, bool) or not isinstance(cap_mb, int | float) or cap_mb <= 0:
         raise ValueError(f"{where}: bucket_cap_mb must be a positive number, got {cap_mb!r}.")
     cap = cap_mb * 1024 * 1024
-    runs: dict[tuple, list[int]] = {}
+    runs: dict[tuple[Any, ...], list[int]] = {}
     for i, x in enumerate(leaves):
         runs.setdefault((x.dtype, x.device), []).append(i)
     out: list[_Bucket] = []
@@ -136,7 +136,7 @@ def _pack(leaves: list[Tensor], b: _Bucket) -> Tensor:
     return torch._C._nn.flatten_dense_tensors(parts)  # one C++ call (as DDP); copies
 
 
-def _unpack(flat: Tensor, b: _Bucket, out: list, lead: tuple = ()) -> None:
+def _unpack(flat: Tensor, b: _Bucket, out: list[Any], lead: tuple[Any, ...] = ()) -> None:
     """Views of ``flat`` (shaped ``lead + [numel]``) into ``out`` at the bucket's indices."""
     if not lead and not torch.compiler.is_compiling():
         if len(b.idx) == 1:
@@ -149,7 +149,7 @@ def _unpack(flat: Tensor, b: _Bucket, out: list, lead: tuple = ()) -> None:
         out[i] = piece.reshape((*lead, *shape))
 
 
-_plans: dict = {}  # (structure, cap) -> buckets; bounded, holds no tensors
+_plans: dict[Any, Any] = {}  # (structure, cap) -> buckets; bounded, holds no tensors
 _MAX_PLANS = 256
 
 
@@ -160,12 +160,12 @@ class Prepared(NamedTuple):
     """What every collective starts from: the tree's leaves and spec, the group, its
     size and this rank, and the bucket plan (cached by layout)."""
 
-    leaves: list
+    leaves: list[Any]
     spec: Any
     group: Any
     world: int
     rank: int
-    buckets: list
+    buckets: list[Any]
 
 
 def _prepare(where, tree, group, check, cap_mb, given=None) -> Prepared:
@@ -193,7 +193,7 @@ def _prepare(where, tree, group, check, cap_mb, given=None) -> Prepared:
     return Prepared(leaves, spec, g, world, rank, plan)
 
 
-def _rebuild(tree: Any, spec: Any, out: list) -> Any:
+def _rebuild(tree: Any, spec: Any, out: list[Any]) -> Any:
     """The result tree: laid out as ``tree`` itself when it is a TensorDict and the
     shapes are kept (reuses its cached layout), else through ``functd.tree``."""
     if type(tree) is TensorDict:
@@ -201,7 +201,7 @@ def _rebuild(tree: Any, spec: Any, out: list) -> Any:
     return fdtree.unflatten(spec, out)
 
 
-def _check_mean(where: str, op: str, leaves: list[Tensor], buckets: list) -> None:
+def _check_mean(where: str, op: str, leaves: list[Tensor], buckets: list[Any]) -> None:
     if op == "mean" and not (buckets and getattr(buckets[0], "floating", False)):
         for x in leaves:
             if not (x.is_floating_point() or x.is_complex()):
@@ -211,7 +211,7 @@ def _check_mean(where: str, op: str, leaves: list[Tensor], buckets: list) -> Non
                 )
 
 
-def _issue(where: str, collective, buffers: list, *args, **kwargs) -> None:
+def _issue(where: str, collective, buffers: list[Any], *args, **kwargs) -> None:
     """Run ``collective(*buffer, *args, **kwargs)`` on every buffer (a tuple of
     tensors); asynchronously when there are several, so their transfers overlap,
     then wait for all. A single one runs synchronously: on gloo that saves the
@@ -272,7 +272,7 @@ def _all_reduce(where, tree, op, group, bucket_cap_mb, check, given=None):
     rop = _reduce_op(where, op)
     leaves, spec, g, world, _, buckets = _prepare(where, tree, group, check, bucket_cap_mb, given)
     _check_mean(where, op, leaves, buckets)
-    out: list = [None] * len(leaves)
+    out: list[Any] = [None] * len(leaves)
     if torch.compiler.is_compiling():
         import torch.distributed._functional_collectives as funcol
 
@@ -315,7 +315,7 @@ def broadcast(
     leaves, spec, g, world, _, buckets = _prepare(where, tree, group, check, bucket_cap_mb)
     if isinstance(src, bool) or not isinstance(src, int) or not 0 <= src < world:
         raise ValueError(f"{where}: src must be a rank in [0, {world}), got {src!r}.")
-    out: list = [None] * len(leaves)
+    out: list[Any] = [None] * len(leaves)
     if torch.compiler.is_compiling():
         import torch.distributed._functional_collectives as funcol
 
@@ -351,7 +351,7 @@ def all_gather(
     """
     where = "fd.distributed.all_gather"
     leaves, spec, g, world, _, buckets = _prepare(where, tree, group, check, bucket_cap_mb)
-    out: list = [None] * len(leaves)
+    out: list[Any] = [None] * len(leaves)
     if torch.compiler.is_compiling():
         import torch.distributed._functional_collectives as funcol
 
@@ -406,7 +406,7 @@ def reduce_scatter(
                 f"splits every leaf along dim 0 into {world} equal parts (one a rank), so dim "
                 f"0 must exist and be divisible by the world size {world}."
             )
-    out: list = [None] * len(leaves)
+    out: list[Any] = [None] * len(leaves)
     shards = [_Shard(b, world) for b in buckets]
     if torch.compiler.is_compiling():
         import torch.distributed._functional_collectives as funcol

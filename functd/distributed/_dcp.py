@@ -68,7 +68,7 @@ def _single(distributed: bool) -> Iterator[None]:
         yield
 
 
-def save(tree: Any, folder: str | os.PathLike, *, group: Any = None) -> None:
+def save(tree: Any, folder: str | os.PathLike[str], *, group: Any = None) -> None:
     """Write ``tree`` (DTensor and plain tensor leaves) to ``folder`` with DCP; collective.
 
     Every rank of ``group`` (default: the default process group; none: this process
@@ -129,14 +129,14 @@ def _swap(tmp: str, folder: str) -> None:
         shutil.rmtree(old)
 
 
-def exists(folder: str | os.PathLike) -> bool:
+def exists(folder: str | os.PathLike[str]) -> bool:
     """Whether ``folder`` holds a complete checkpoint written by ``save``."""
     folder = os.fspath(folder)
     return all(os.path.isfile(os.path.join(folder, f)) for f in (_DCP_META, TREE_FILE))
 
 
 def load(
-    folder: str | os.PathLike, like: Any = None, *, group: Any = None, map_location: Any = None
+    folder: str | os.PathLike[str], like: Any = None, *, group: Any = None, map_location: Any = None
 ) -> Any:
     """Read what :func:`save` wrote, placed like ``like``; collective when ``like`` holds DTensors.
 
@@ -187,7 +187,7 @@ def _readable(folder: str, where: str) -> str:
     )
 
 
-def _targets(saved: dict, like: Any, where: str, map_location: Any) -> dict[str, Any]:
+def _targets(saved: dict[Any, Any], like: Any, where: str, map_location: Any) -> dict[str, Any]:
     """A fresh tensor for every saved name: like ``like``'s leaf of that name, or whole."""
     given = flat_names(like, where)[0] if like is not None else {}
     out: dict[str, Any] = {}
@@ -237,7 +237,7 @@ class ShardedStore:
     def exists(self, name: str) -> bool:
         return exists(name) or exists(name + ".old")
 
-    def save(self, state: dict, name: str) -> None:
+    def save(self, state: dict[Any, Any], name: str) -> None:
         save(state, name, group=self.group)
 
     def load(self, name: str, map_location: Any) -> Any:

@@ -44,7 +44,9 @@ from ._faults import failed
 __all__ = ["reduce_td", "rider"]
 
 _MAX_ENTRIES = 64  # layouts kept per group (cleared when full)
-_entries: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> {key: _Entry}
+_entries: weakref.WeakKeyDictionary[Any, Any] = (
+    weakref.WeakKeyDictionary()
+)  # group -> {key: _Entry}
 _is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _is_compiling = torch.compiler.is_compiling
 _monotonic = time.monotonic
@@ -80,19 +82,19 @@ class _Entry:
     specs: Any
     world: Any
 
-    def __init__(self, specs: list, buckets: list, world: int, seen: Any) -> None:
+    def __init__(self, specs: list[Any], buckets: list[Any], world: int, seen: Any) -> None:
         self.specs = specs  # held so that their ids in the key stay theirs
         self.buckets = buckets
         self.world = world
         self.seen = seen  # the group's verified set when the entry was made
 
 
-def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> list | None:
+def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> list[Any] | None:
     """The reduced leaves of ``updates`` (in ``functd.tree`` order), or ``None``
     when the fast path does not apply."""
     if type(updates) is not TensorDict or _is_compiling():
         return None
-    specs: list = []
+    specs: list[Any] = []
     leaves = flat_leaves(updates, specs)
     if not leaves or any(type(x) is not Tensor or _is_wrapped(x) for x in leaves):
         return None  # empty, or a Parameter, DTensor, torch.func-wrapped or non-tensor leaf
@@ -141,7 +143,7 @@ def reduce_td(where: str, updates: Any, op: str, group: Any, cap_mb: float) -> l
             for f in flats:
                 f.div_(world)  # our own buffers
         _issue(where, dist.all_reduce, [(f,) for f in flats], _reduce_op(where, op), group=g)
-    out: list = [None] * len(leaves)  # type: ignore[no-redef]
+    out: list[Any] = [None] * len(leaves)  # type: ignore[no-redef]
     for f, b in zip(flats, buckets):
         _unpack(f, b, out)
     return out

@@ -194,7 +194,9 @@ class DataParallel:
             set_timeout(self.group, self._old_timeout)
 
     # ------------------------------------------------------------------ start
-    def start(self, params: Any, opt_state: Any, problem: str | None, resumed: tuple | None):
+    def start(
+        self, params: Any, opt_state: Any, problem: str | None, resumed: tuple[Any, ...] | None
+    ):
         """One agreement (checkpoint folder, resume point, layout of the params and
         state), then rank 0's params and state on every rank (DTensor leaves are
         already placed on their mesh and are kept)."""
@@ -235,7 +237,7 @@ class DataParallel:
         out = fdtree.unflatten(spec, leaves)
         return out["params"], out["opt_state"]
 
-    def _different_start(self, tree: dict, prints: list[int]) -> None:
+    def _different_start(self, tree: dict[Any, Any], prints: list[int]) -> None:
         leaves = fdtree.leaves(tree)  # type: ignore[arg-type, var-annotated]
         detail = mismatch_detail(self.where, self.group, self.world, describe(tree, leaves), prints)
         raise ValueError(
@@ -266,7 +268,7 @@ class DataParallel:
         else:
             yield from self._counted(it, first, n, epoch)  # type: ignore[arg-type]
 
-    def _counted(self, it: Iterator, first: Any, n: int, epoch: int) -> Iterator[Any]:
+    def _counted(self, it: Iterator[Any], first: Any, n: int, epoch: int) -> Iterator[Any]:
         count, cur = 0, first
         while cur is not _END and count < n:
             yield cur
@@ -279,7 +281,7 @@ class DataParallel:
                 "the number of steps with len(), so it must be exact (or give no len())."
             )
 
-    def _watched(self, it: Iterator, first: Any, n: int | None, epoch: int) -> Iterator[Any]:
+    def _watched(self, it: Iterator[Any], first: Any, n: int | None, epoch: int) -> Iterator[Any]:
         """Some rank's batches have no len(). Each rank reads one batch ahead, so
         before each step it knows whether it has a next batch: that flag rides
         in the step's gradient all-reduce (``_fast.rider``), and after the step
@@ -474,7 +476,7 @@ def _order(note: str) -> int | None:
     return int(order) if sep and order.isdigit() else None
 
 
-def _who(kinds: dict | None, missing: list | None, late: bool) -> str:
+def _who(kinds: dict[Any, Any] | None, missing: list[Any] | None, late: bool) -> str:
     if kinds is None:
         return (
             "which rank did not answer is unknown (the process group's store is "
@@ -504,7 +506,7 @@ def _who(kinds: dict | None, missing: list | None, late: bool) -> str:
     return "; ".join(said) or "every rank reported the failure (a network fault?)"
 
 
-def _by_rank(problems: list) -> str:
+def _by_rank(problems: list[Any]) -> str:
     groups: dict[str, list[int]] = {}
     for r, p in enumerate(problems):
         if p is not None:

@@ -51,8 +51,8 @@ __all__ = [
 ]
 
 _MAX_CACHED = 256  # verified structures kept per group (cleared when full)
-_verified: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_sizes: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # group -> (world, rank)
+_verified: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_sizes: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # group -> (world, rank)
 
 
 def resolve(where: str, group: Any) -> tuple[Any, int, int]:
@@ -83,7 +83,7 @@ def _describe(x: torch.Tensor) -> str:
     return f"{str(x.dtype).removeprefix('torch.')}{list(x.shape)} on {x.device.type}"
 
 
-def _fingerprint(spec: Any, leaves: list) -> int:
+def _fingerprint(spec: Any, leaves: list[Any]) -> int:
     text = (
         repr(spec)
         + "|"
@@ -103,7 +103,13 @@ def _check_device(group: Any, leaves: list[torch.Tensor]) -> torch.device:
 
 
 def check_structure(
-    where: str, group: Any, world: int, tree: Any, layout: tuple, leaves: list, check: Any
+    where: str,
+    group: Any,
+    world: int,
+    tree: Any,
+    layout: tuple[Any, ...],
+    leaves: list[Any],
+    check: Any,
 ) -> None:
     """Raise the same ``ValueError`` on every rank when the ranks' trees differ.
 
@@ -144,7 +150,7 @@ def _raise_mismatch(where, group, world, tree, leaves, prints) -> None:
     )
 
 
-def describe(tree: Any, leaves: list) -> list[tuple[str, str]]:
+def describe(tree: Any, leaves: list[Any]) -> list[tuple[str, str]]:
     """``(dotted key path, "dtype[shape] on device")`` for each leaf of ``tree``
     (a leaf that is not a tensor: its type name)."""
     from .._td._tree import tree as fdtree
@@ -156,11 +162,11 @@ def describe(tree: Any, leaves: list) -> list[tuple[str, str]]:
     ]
 
 
-def mismatch_detail(where: str, group: Any, world: int, desc: list, prints: list) -> str:
+def mismatch_detail(where: str, group: Any, world: int, desc: list[Any], prints: list[Any]) -> str:
     """Which key differs between rank 0 and the first rank whose fingerprint in
     ``prints`` differs: gathers every rank's ``desc`` (a collective: every rank
     calls it when the fingerprints differ)."""
-    everyone: list = [None] * world
+    everyone: list[Any] = [None] * world
     started = time.monotonic()
     try:
         dist.all_gather_object(everyone, desc, group=group)
@@ -194,9 +200,9 @@ def gather_ints(where: str, group: Any, world: int, values: list[int]) -> list[l
     return every.view(world, len(values)).tolist()
 
 
-def gather_objects(where: str, group: Any, world: int, obj: Any) -> list:
+def gather_objects(where: str, group: Any, world: int, obj: Any) -> list[Any]:
     """Every rank's ``obj`` (picklable; for error messages only)."""
-    everyone: list = [None] * world
+    everyone: list[Any] = [None] * world
     started = time.monotonic()
     try:
         dist.all_gather_object(everyone, obj, group=group)

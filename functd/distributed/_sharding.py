@@ -29,11 +29,11 @@ from .._td._dtensor import is_dtensor, mixed_mesh_error, replicated, seen, unwra
 __all__ = ["gather", "replicate", "shard"]
 
 
-def _dotted(path: tuple) -> str:
+def _dotted(path: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in path)
 
 
-def _map(tree: Any, fn: Any, path: tuple = ()) -> Any:
+def _map(tree: Any, fn: Any, path: tuple[Any, ...] = ()) -> Any:
     """Apply ``fn(path, leaf)`` to every tensor leaf of a TensorDict/dict/list tree."""
     if isinstance(tree, TensorDict):
         data = {k: _map(v, fn, (*path, k)) for k, v in tree._data.items()}
@@ -47,7 +47,7 @@ def _map(tree: Any, fn: Any, path: tuple = ()) -> Any:
     return tree
 
 
-def _placements(rules: Mapping[str, Sequence[Any]], path: tuple) -> Sequence[Any]:
+def _placements(rules: Mapping[str, Sequence[Any]], path: tuple[Any, ...]) -> Sequence[Any]:
     dotted = _dotted(path)
     for pattern, placements in rules.items():
         if fnmatch.fnmatchcase(dotted, pattern):
@@ -99,7 +99,7 @@ def shard(
 
     seen()
 
-    def place(path: tuple, t: torch.Tensor) -> Any:
+    def place(path: tuple[Any, ...], t: torch.Tensor) -> Any:
         placements = list(_placements(rules, path))
         if is_dtensor(t):
             if t.device_mesh != mesh:  # type: ignore[attr-defined]
@@ -141,7 +141,7 @@ def replicate(x: Any, mesh: Any) -> Any:
     """
     seen()
 
-    def rep(path: tuple, t: torch.Tensor) -> Any:
+    def rep(path: tuple[Any, ...], t: torch.Tensor) -> Any:
         if is_dtensor(t):
             if unwrapped(t).device_mesh != mesh:
                 raise mixed_mesh_error(

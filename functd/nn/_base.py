@@ -99,9 +99,9 @@ class Inline(NamedTuple):
     output keeps the input's leading dims. ``call`` is the ``__call__`` it writes out (a
     subclass that overrides ``__call__`` is called, not inlined)."""
 
-    call: Callable
+    call: Callable[..., Any]
     expr: str
-    names: dict
+    names: dict[Any, Any]
     keeps_lead: bool
 
 
@@ -223,7 +223,7 @@ class Layer:
             raise NotImplementedError(f"{type(self).__name__} does not define __call__")
 
 
-def _flatten_specs(specs: dict, prefix: tuple):
+def _flatten_specs(specs: dict[Any, Any], prefix: tuple[Any, ...]):
     for name, spec in specs.items():
         if isinstance(spec, dict):
             yield from _flatten_specs(spec, (*prefix, name))

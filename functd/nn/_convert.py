@@ -57,7 +57,7 @@ def flat_state(params: TensorDict) -> dict[str, torch.Tensor]:
     return out
 
 
-def _flatten_into(td: TensorDict, prefix: str, out: dict) -> None:
+def _flatten_into(td: TensorDict, prefix: str, out: dict[Any, Any]) -> None:
     for k, v in td._data.items():
         if isinstance(v, TensorDict):
             _flatten_into(v, f"{prefix}{k}.", out)

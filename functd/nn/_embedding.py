@@ -185,7 +185,7 @@ class EmbeddingBag(Layer):
         out = self._reduce(emb, ids, n_bags)
         return out.reshape(*lead, self.embedding_dim)
 
-    def _bags(self, input: Tensor, offsets: Tensor | None) -> tuple[Tensor, int, tuple]:
+    def _bags(self, input: Tensor, offsets: Tensor | None) -> tuple[Tensor, int, tuple[Any, ...]]:
         """The bag of each index (flat), the number of bags and the output's leading shape."""
         if input.dim() == 1:
             if offsets is None or offsets.dim() != 1:

@@ -76,11 +76,11 @@ def user_hooks(m: nn.Module) -> bool:
     return False
 
 
-def _plain_copy(m: nn.Module, memo: dict) -> nn.Module:
+def _plain_copy(m: nn.Module, memo: dict[Any, Any]) -> nn.Module:
     """``m`` as an instance of its original class, FSDP's hooks and state left out."""
     cls = orig_type(m)
     new = cls.__new__(cls)  # type: ignore[call-overload]
-    dropped: set = set()
+    dropped: set[Any] = set()
     state: dict[str, Any] = {}
     for k, v in m.__dict__.items():
         if k.startswith(_STATE_PREFIX) or k in _FSDP_ATTRS:
@@ -101,7 +101,7 @@ def _plain_copy(m: nn.Module, memo: dict) -> nn.Module:
     return new
 
 
-def fsdp_meta_copy(module: nn.Module, memo: dict) -> None:
+def fsdp_meta_copy(module: nn.Module, memo: dict[Any, Any]) -> None:
     """Fill ``memo`` with FSDP-free copies of the FSDP modules inside ``module``
     (deepest first), so that ``copy.deepcopy(module, memo)`` never meets one."""
     for sub in reversed(list(module.modules())):

@@ -87,7 +87,7 @@ class KeyedRandom(TorchFunctionMode):
         return handler(self, *args, **(kwargs or {}))
 
 
-def generator_state() -> tuple:
+def generator_state() -> tuple[Any, ...]:
     """Torch's default CPU generator state (and CUDA's when initialised): compared
     around an eager training call to catch draws the mode did not see."""
     cpu = torch.default_generator.get_state()
@@ -96,11 +96,11 @@ def generator_state() -> tuple:
     return (cpu,)
 
 
-def same_state(a: tuple, b: tuple) -> bool:
+def same_state(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
     return all(torch.equal(x, y) for x, y in zip(a, b))
 
 
-def restore_state(state: tuple) -> None:
+def restore_state(state: tuple[Any, ...]) -> None:
     torch.default_generator.set_state(state[0])
     if len(state) > 1:
         torch.cuda.set_rng_state(state[1])
@@ -151,7 +151,7 @@ def _feature_alpha_dropout(mode, input, p=0.5, training=False, inplace=False):
     )
 
 
-def _aten_dropout(feature: bool, alpha: bool, inplace: bool, op: str) -> Callable:
+def _aten_dropout(feature: bool, alpha: bool, inplace: bool, op: str) -> Callable[..., Any]:
     """``torch.dropout(input, p, train)`` and its feature/alpha/in-place siblings."""
 
     def handler(mode, input, p, train):
@@ -172,7 +172,7 @@ def _native_dropout(mode, input, p, train):
 
 
 # ------------------------------------------------------------------ samplers
-def _size(size: tuple) -> tuple[int, ...]:
+def _size(size: tuple[Any, ...]) -> tuple[int, ...]:
     if len(size) == 1 and isinstance(size[0], list | tuple | torch.Size):
         size = tuple(size[0])
     return tuple(int(s) for s in size)
@@ -207,7 +207,7 @@ def _randn(mode, *size, generator=None, dtype=None, device=None, requires_grad=F
     return _place(z, dtype, device, requires_grad)
 
 
-def _like(sampler: Callable, op: str) -> Callable:
+def _like(sampler: Callable[..., Any], op: str) -> Callable[..., Any]:
     def handler(mode, input, *, dtype=None, device=None, requires_grad=False, **_):
         dt = dtype or input.dtype
         out = sampler(mode.next_key(op), tuple(input.shape), dtype=dt)
@@ -313,7 +313,7 @@ def _gumbel_softmax(mode, logits, tau=1.0, hard=False, eps=1e-10, dim=-1):
     return y_hard - y.detach() + y
 
 
-def _refuse(op: str) -> Callable:
+def _refuse(op: str) -> Callable[..., Any]:
     def handler(mode, *args, **kwargs):
         raise NotImplementedError(NOT_KEYED.format(owner=mode.owner, op=op))
 
@@ -321,7 +321,7 @@ def _refuse(op: str) -> Callable:
 
 
 # ------------------------------------------------------------------ RNN inter-layer dropout
-def _rnn(name: str) -> Callable:
+def _rnn(name: str) -> Callable[..., Any]:
     """``_VF.lstm/gru/rnn_*`` with inter-layer dropout in training: run layer by layer
     (the same fused op, one layer each, no dropout) with keyed dropout in between.
     Padded inputs the fused op cannot take (under vmap, compiling) run functd's loop
@@ -333,7 +333,7 @@ def _rnn(name: str) -> Callable:
         packed = isinstance(args[1], Tensor) if lstm else not isinstance(args[2], list | tuple)
         if packed:  # (data, batch_sizes, hx, params, bias, layers, dropout, train, bidir)
             data, sizes, hx, weights, bias, layers, p, train, bidir = args
-            tail: tuple = ()
+            tail: tuple[Any, ...] = ()
         else:  # (input, hx, params, bias, layers, dropout, train, bidir, batch_first)
             data, hx, weights, bias, layers, p, train, bidir, *tail = args
         func = _packed(fused, mode.owner, name) if packed else functools.partial(run_stack, name)
@@ -365,7 +365,7 @@ PACKED_BATCHED = (
 )
 
 
-def _packed(fused: Callable, owner: str, name: str) -> Callable:
+def _packed(fused: Callable[..., Any], owner: str, name: str) -> Callable[..., Any]:
     """The fused op on a PackedSequence's data, with ``PACKED_BATCHED`` for vmap's
     missing batching rule (torch's message names no way around it)."""
 
@@ -410,7 +410,7 @@ def _mha_forward(mode, *args, **kwargs):
 
 _MHA_SIGNATURE = inspect.signature(F.multi_head_attention_forward)
 _T = torch.Tensor
-_HANDLERS: dict[Any, Callable] = {
+_HANDLERS: dict[Any, Callable[..., Any]] = {
     F.dropout: _dropout,
     F.dropout1d: _dropout1d,
     F.dropout2d: _dropout2d,

@@ -59,7 +59,9 @@ class _Pool(Layer):
     _n: ClassVar[int]
     _fns: ClassVar[tuple[Any, ...]]
 
-    def __init_subclass__(cls, n: int | None = None, fns: tuple = (), **kwargs: Any) -> None:
+    def __init_subclass__(
+        cls, n: int | None = None, fns: tuple[Any, ...] = (), **kwargs: Any
+    ) -> None:
         super().__init_subclass__(**kwargs)
         if n is not None:
             cls._n, cls._fns = n, fns

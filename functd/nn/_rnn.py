@@ -206,7 +206,7 @@ class _RNNBase(Layer):
         return x.device.type == "cpu"
 
     def _fused_call(
-        self, weights: list, x: Tensor, h0: Tensor, c0: Tensor | None, n: int
+        self, weights: list[Any], x: Tensor, h0: Tensor, c0: Tensor | None, n: int
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         flat = [w for ws in weights for w in ws]
         hx = h0 if c0 is None else (h0, c0)
@@ -216,7 +216,7 @@ class _RNNBase(Layer):
         return out[0], out[1], out[2] if c0 is not None else None
 
     def _loop_layer(
-        self, weights: list, x: Tensor, h0: Tensor, c0: Tensor | None
+        self, weights: list[Any], x: Tensor, h0: Tensor, c0: Tensor | None
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """One layer (both directions) as a Python loop over time: vmaps and compiles."""
         outs, hs, cs = [], [], []
@@ -238,7 +238,9 @@ class _RNNBase(Layer):
         out = outs[0] if len(outs) == 1 else torch.cat(outs, -1)
         return out, torch.stack(hs), None if c0 is None else torch.stack(cs)
 
-    def _step(self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any) -> tuple:
+    def _step(
+        self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any
+    ) -> tuple[Any, ...]:
         raise NotImplementedError
 
     def _run(
@@ -345,7 +347,9 @@ class RNN(_RNNBase):
     def _fused(self) -> Any:
         return torch._VF.rnn_tanh if self.nonlinearity == "tanh" else torch._VF.rnn_relu
 
-    def _step(self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any) -> tuple:
+    def _step(
+        self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any
+    ) -> tuple[Any, ...]:
         return elman_step(gi, h, w_hh, b_hh, self.nonlinearity == "relu"), None
 
     def __call__(
@@ -384,7 +388,9 @@ class GRU(_RNNBase):
     def __post_init__(self) -> None:
         self._check()
 
-    def _step(self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any) -> tuple:
+    def _step(
+        self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any
+    ) -> tuple[Any, ...]:
         return gru_step(gi, h, w_hh, b_hh), None
 
     def __call__(
@@ -443,7 +449,9 @@ class LSTM(_RNNBase):
         # no projections) before it falls back to its own loop: use ours there
         return x.device.type == "cpu" and (not self.proj_size or x.dtype == torch.float64)
 
-    def _step(self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any) -> tuple:
+    def _step(
+        self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any
+    ) -> tuple[Any, ...]:
         return lstm_step(gi, h, c, w_hh, b_hh, w_hr)
 
     def __call__(

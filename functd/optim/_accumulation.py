@@ -188,7 +188,7 @@ class MultiSteps(GradientTransformation):
             "MultiSteps", _ms_init, _ms_update, inner=inner, every_k=every_k_schedule,
             mean=bool(use_grad_mean), skip=should_skip_update_fn, dtype=accumulator_dtype,
         )  # fmt: skip
-        return tuple.__new__(cls, gt)
+        return tuple.__new__(cls, gt)  # type: ignore[arg-type]  # (typeshed: a tuple of functions)
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -56,7 +56,7 @@ class Partial(Frozen):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.func(*args, **kwargs, **self.kwargs)
 
-    def _identity(self) -> tuple:
+    def _identity(self) -> tuple[Any, ...]:
         return (self.func, tuple(sorted((k, _hashable(v)) for k, v in self.kwargs.items())))
 
     def __repr__(self) -> str:
@@ -67,6 +67,14 @@ class Partial(Frozen):
 def _hashable(v: Any) -> Any:
     # tensors (hyper-parameters injected as tensors) compare by identity
     return ("tensor", id(v)) if isinstance(v, torch.Tensor) else v
+
+
+class TransformUpdateFn(Protocol):
+    """The type of ``update`` (optax's name): ``update(updates, state, params=None)``."""
+
+    def __call__(
+        self, updates: TensorDict, state: TensorDict, /, params: TensorDict | None = None
+    ) -> tuple[TensorDict, TensorDict]: ...
 
 
 class GradientTransformation(NamedTuple):
@@ -83,7 +91,7 @@ class GradientTransformation(NamedTuple):
     """
 
     init: Callable[[TensorDict], TensorDict]
-    update: Callable[..., tuple[TensorDict, TensorDict]]
+    update: TransformUpdateFn
 
     def __repr__(self) -> str:
         name = getattr(self.update, "kwargs", {}).get("name")
@@ -98,7 +106,9 @@ class GradientTransformation(NamedTuple):
         return f"{name}(" + ", ".join(f"{k}={v!r}" for k, v in kw.items()) + ")"
 
 
-def transformation(name: str, init: Callable, update: Callable, **hparams: Any):
+def transformation(
+    name: str, init: Callable[..., Any], update: Callable[..., Any], **hparams: Any
+) -> GradientTransformation:
     """Build a GradientTransformation from module-level ``init``/``update`` functions
     taking ``name`` and the hyper-parameters as keywords (internal helper)."""
     return GradientTransformation(
@@ -112,7 +122,9 @@ def _identity_init(params: TensorDict, *, name: str) -> TensorDict:
     return from_parts({}, torch.Size([]))
 
 
-def _identity_update(updates, state, params=None, *, name: str):
+def _identity_update(
+    updates: TensorDict, state: TensorDict, params: TensorDict | None = None, *, name: str
+) -> tuple[TensorDict, TensorDict]:
     L.check_state(f"fd.optim.{name}.update", state, ())
     return updates, state
 
@@ -128,11 +140,18 @@ def identity() -> GradientTransformation:
 
 
 # ------------------------------------------------------------------ chain
-def _chain_init(params: TensorDict, *, name: str, txs: tuple) -> TensorDict:
+def _chain_init(params: TensorDict, *, name: str, txs: tuple[Any, ...]) -> TensorDict:
     return from_parts({str(i): tx.init(params) for i, tx in enumerate(txs)}, torch.Size([]))
 
 
-def _chain_update(updates, state, params=None, *, name: str, txs: tuple):
+def _chain_update(
+    updates: TensorDict,
+    state: TensorDict,
+    params: TensorDict | None = None,
+    *,
+    name: str,
+    txs: tuple[Any, ...],
+) -> tuple[TensorDict, TensorDict]:
     L.check_state(f"fd.optim.{name}.update", state, tuple(str(i) for i in range(len(txs))))
     new = {}
     for i, tx in enumerate(txs):
@@ -149,7 +168,8 @@ class Chain(GradientTransformation):
     @property
     def txs(self) -> tuple[GradientTransformation, ...]:
         """The chained transformations, in order (never a chain, never identity)."""
-        return self.update.kwargs["txs"]  # type: ignore[attr-defined]
+        txs: tuple[GradientTransformation, ...] = self.update.kwargs["txs"]  # type: ignore[attr-defined]
+        return txs
 
     def __repr__(self) -> str:
         return "chain(" + ", ".join(map(repr, self.txs)) + ")"

@@ -24,12 +24,12 @@ from ._base import GradientTransformation, transformation
 __all__ = ["named_chain"]
 
 
-def _named_init(params: TensorDict, *, name: str, txs: tuple) -> TensorDict:
+def _named_init(params: TensorDict, *, name: str, txs: tuple[Any, ...]) -> TensorDict:
     L.check_params(f"fd.optim.{name}.init", params)
     return L.state_td({key: tx.init(params) for key, tx in txs})
 
 
-def _named_update(updates, state, params=None, *, name: str, txs: tuple):
+def _named_update(updates, state, params=None, *, name: str, txs: tuple[Any, ...]):
     L.check_state(f"fd.optim.{name}.update", state, tuple(key for key, _ in txs))
     new = {}
     for key, tx in txs:

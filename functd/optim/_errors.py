@@ -31,7 +31,7 @@ def not_a_td(where: str, what: str, value: Any) -> str:
     )
 
 
-def _none_paths(value: Any, path: tuple = ()) -> list[tuple]:
+def _none_paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
     """The key paths of the None leaves of nested dicts, lists and tuples (up to 5)."""
     if value is None:
         return [path] if path else []
@@ -40,20 +40,20 @@ def _none_paths(value: Any, path: tuple = ()) -> list[tuple]:
         items = value.items()
     elif isinstance(value, (list, tuple)):
         items = ((str(i), v) for i, v in enumerate(value))
-    out: list[tuple] = []
+    out: list[tuple[Any, ...]] = []
     for k, v in items:
         out.extend(_none_paths(v, (*path, str(k))))
     return out[:5]
 
 
-def non_floating(where: str, path: tuple, dtype) -> str:
+def non_floating(where: str, path: tuple[Any, ...], dtype) -> str:
     return (
         f"{where}: params entry {fmt_key(path)} has dtype {dtype}, which is not a "
         f"floating-point dtype. {SPLIT_HINT}"
     )
 
 
-def sparse_grad(where: str, path: tuple, layout) -> str:
+def sparse_grad(where: str, path: tuple[Any, ...], layout) -> str:
     return (
         f"{where}: grads entry {fmt_key(path)} is a {layout} tensor (a sparse gradient, from "
         "nn.Embedding(sparse=True) or nn.EmbeddingBag(sparse=True)); functd's optimizers take "
@@ -62,7 +62,7 @@ def sparse_grad(where: str, path: tuple, layout) -> str:
     )
 
 
-def wrong_state(where: str, expected: tuple, got: tuple) -> str:
+def wrong_state(where: str, expected: tuple[Any, ...], got: tuple[Any, ...]) -> str:
     return (
         f"{where}: opt_state does not come from this optimizer's init: expected the "
         f"entries [{fmt_keys(sorted(expected))}], got [{fmt_keys(sorted(got))}]. States "

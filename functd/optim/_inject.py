@@ -22,7 +22,9 @@ from . import _listops as L
 from ._base import GradientTransformation, transformation
 
 
-def _values(hparams: tuple, stored: TensorDict | None, count, dtype, device) -> dict[str, Any]:
+def _values(
+    hparams: tuple[Any, ...], stored: TensorDict | None, count, dtype, device
+) -> dict[str, Any]:
     out = {}
     for k, v in hparams:
         if callable(v):
@@ -34,7 +36,14 @@ def _values(hparams: tuple, stored: TensorDict | None, count, dtype, device) -> 
     return out
 
 
-def _init(params: TensorDict, *, name: str, factory: Callable, static: tuple, hparams: tuple):
+def _init(
+    params: TensorDict,
+    *,
+    name: str,
+    factory: Callable[..., Any],
+    static: tuple[Any, ...],
+    hparams: tuple[Any, ...],
+):
     leaves = L.check_params(f"fd.optim.{name}.init", params)
     count = L.new_count(leaves)
     values = _values(hparams, None, count, L.scalar_dtype(leaves), count.device)

@@ -132,7 +132,7 @@ def _lion_step(g, bufs, t, fe, *, b1, b2):
     return d, {"exp_avg": L.ema(b2, m, g, fe)}, None, True
 
 
-KERNELS: dict[str, tuple[Callable, Callable]] = {
+KERNELS: dict[str, tuple[Callable[..., Any], Callable[..., Any]]] = {
     "sgd": (_sgd_buffers, _sgd_step),
     "adam": (_adam_buffers, _adam_step),
     "rmsprop": (_rmsprop_buffers, _rmsprop_step),
@@ -210,7 +210,7 @@ def _update(updates, state, params=None, *, name, kernel, lr, weight_decay, deco
     return unflatten_like(spec, d), L.state_td(entries)
 
 
-def _step_dtypes(g: list[Tensor], bufs: dict, p: list[Tensor] | None) -> list | None:
+def _step_dtypes(g: list[Tensor], bufs: dict[Any, Any], p: list[Tensor] | None) -> list[Any] | None:
     """Per leaf, the dtype a step computes in when the grads, the statistics and the
     params read (``p``) do not all agree: their promoted dtype (so float16 grads
     and float32 params step in float32, as optax's type promotion does); None
@@ -228,7 +228,7 @@ def _step_dtypes(g: list[Tensor], bufs: dict, p: list[Tensor] | None) -> list | 
     return out
 
 
-def _cast(xs: list[Tensor], dtypes: list) -> list[Tensor]:
+def _cast(xs: list[Tensor], dtypes: list[Any]) -> list[Tensor]:
     return [x if x.dtype == d else x.to(d) for x, d in zip(xs, dtypes)]
 
 

@@ -35,7 +35,9 @@ __all__ = ["tree_map_params"]
 _WHERE = "fd.optim.tree_map_params"
 
 
-def _subtrees(td: TensorDict, path: tuple = ()) -> list[tuple[tuple, TensorDict]]:
+def _subtrees(
+    td: TensorDict, path: tuple[Any, ...] = ()
+) -> list[tuple[tuple[Any, ...], TensorDict]]:
     """Every nested TensorDict of ``td`` (itself first), with its key path."""
     out = [(path, td)]
     for k in sorted(td._data):
@@ -66,7 +68,7 @@ def _lays_out(init: Callable[[TensorDict], Any], params: TensorDict, state: Tens
     return isinstance(probe, TensorDict) and same_keys(probe, state)
 
 
-def _layout(init: Callable[[TensorDict], Any], state: TensorDict, rest: tuple) -> Any:
+def _layout(init: Callable[[TensorDict], Any], state: TensorDict, rest: tuple[Any, ...]) -> Any:
     if rest:
         if not _lays_out(init, rest[0], state):
             raise ValueError(
@@ -90,7 +92,9 @@ def _layout(init: Callable[[TensorDict], Any], state: TensorDict, rest: tuple) -
 _PROBE = "__tree_map_params_probe__"
 
 
-def _positions(init: Callable[[TensorDict], Any], layout: TensorDict) -> list[tuple] | None:
+def _positions(
+    init: Callable[[TensorDict], Any], layout: TensorDict
+) -> list[tuple[Any, ...]] | None:
     """The key paths at which ``init`` puts params-shaped TensorDicts (None: unknown)."""
     meta = _on_meta(layout)
     probe = torch.empty((*meta._batch_size, 1), device="meta")
@@ -103,7 +107,14 @@ def _positions(init: Callable[[TensorDict], Any], layout: TensorDict) -> list[tu
     return [path for path, t in _subtrees(state) if _PROBE in t._data]
 
 
-def _map(td: TensorDict, is_params: Callable, f: Callable, rest: tuple, other, path: tuple):
+def _map(
+    td: TensorDict,
+    is_params: Callable[..., Any],
+    f: Callable[..., Any],
+    rest: tuple[Any, ...],
+    other,
+    path: tuple[Any, ...],
+):
     if path and is_params(path, td):
         leaves = flat_leaves(td)
         rls = [flat_leaves(r) for r in rest]
@@ -120,7 +131,7 @@ def _map(td: TensorDict, is_params: Callable, f: Callable, rest: tuple, other, p
     return from_parts(vals, td._batch_size)
 
 
-def _check_tensors(out: list, td: TensorDict | None, path: tuple, what: str) -> None:
+def _check_tensors(out: list[Any], td: TensorDict | None, path: tuple[Any, ...], what: str) -> None:
     for i, x in enumerate(out):
         if not isinstance(x, Tensor):
             at = path if td is None else (*path, *tree.paths(td)[i])  # type: ignore[arg-type]
@@ -189,7 +200,7 @@ def tree_map_params(
         return _map(state, lambda path, td: False, f, rest, transform_non_params, ())
     where = _positions(init, layout)
 
-    def is_params(path: tuple, td: TensorDict) -> bool:
+    def is_params(path: tuple[Any, ...], td: TensorDict) -> bool:
         if not same_keys(td, layout):
             return False
         return path in where if where is not None else _floating(td)

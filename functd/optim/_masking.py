@@ -34,7 +34,7 @@ __all__ = ["masked", "multi_transform", "set_to_zero"]
 Path = tuple[str, ...]
 
 
-def _lookup(where: str, spec: Mapping, path: Path, what: str) -> Any:
+def _lookup(where: str, spec: Mapping[Any, Any], path: Path, what: str) -> Any:
     """The entry of a nested dict ``spec`` covering ``path`` (the first non-dict met)."""
     node: Any = spec
     for i, part in enumerate(path):
@@ -96,7 +96,7 @@ def _check_cover(where: str, spec: Any, params: TensorDict, what: str) -> None:
     paths = [*tree.paths(params), *_HIDDEN.get()]  # type: ignore[arg-type]
     prefixes = {p[:i] for p in paths for i in range(1, len(p) + 1)}
 
-    def walk(node: Mapping, prefix: Path) -> None:
+    def walk(node: Mapping[Any, Any], prefix: Path) -> None:
         for k, v in node.items():
             path = (*prefix, k)
             if path not in prefixes:
@@ -187,12 +187,12 @@ def _frozen(spec: Any) -> Any:
     return spec
 
 
-class _Spec(Mapping):
+class _Spec(Mapping[Any, Any]):
     """A frozen nested mapping (the hashable form of a dict mask or label tree)."""
 
     __slots__ = ("_items",)
 
-    def __init__(self, items: tuple) -> None:
+    def __init__(self, items: tuple[Any, ...]) -> None:
         self._items = items
 
     def __getitem__(self, k: str) -> Any:
@@ -218,7 +218,7 @@ class _Spec(Mapping):
 
 
 # ------------------------------------------------------------------ multi_transform
-def _multi_init(params: TensorDict, *, name: str, transforms: tuple, labels: Any):
+def _multi_init(params: TensorDict, *, name: str, transforms: tuple[Any, ...], labels: Any):
     where = f"fd.optim.{name}.init"
     L.check_params(where, params)
     _check_cover(where, labels, params, "labels")
@@ -226,7 +226,9 @@ def _multi_init(params: TensorDict, *, name: str, transforms: tuple, labels: Any
     return L.state_td({str(lab): _init_hiding(tx, parts[lab], params) for lab, tx in transforms})
 
 
-def _by_label(where: str, td: TensorDict, transforms: tuple, labels: Any) -> dict:
+def _by_label(
+    where: str, td: TensorDict, transforms: tuple[Any, ...], labels: Any
+) -> dict[Any, Any]:
     """``{label: the sub-TensorDict of td's leaves with that label}`` (every label)."""
     fn = _as_fn(where, labels, "labels")
     known = {lab for lab, _ in transforms}
@@ -250,7 +252,9 @@ def _by_label(where: str, td: TensorDict, transforms: tuple, labels: Any) -> dic
     return out
 
 
-def _multi_update(updates, state, params=None, *, name: str, transforms: tuple, labels: Any):
+def _multi_update(
+    updates, state, params=None, *, name: str, transforms: tuple[Any, ...], labels: Any
+):
     where = f"fd.optim.{name}.update"
     L.check_state(where, state, tuple(str(lab) for lab, _ in transforms))
     L.checked_leaves(where, "grads", updates)

@@ -36,7 +36,7 @@ def _empty_init(params: TensorDict, *, name: str, **hp: Any) -> TensorDict:
     return L.state_td({})
 
 
-def _map_update(updates, state, params=None, *, name: str, fn: Callable, **hp: Any):
+def _map_update(updates, state, params=None, *, name: str, fn: Callable[..., Any], **hp: Any):
     where = f"fd.optim.{name}.update"
     L.check_state(where, state, ())
     g, spec = L.checked_leaves(where, "grads", updates)
@@ -130,7 +130,9 @@ def _count_init(params: TensorDict, *, name: str, **hp: Any) -> TensorDict:
     return L.state_td({"count": L.new_count(leaves)})
 
 
-def _schedule_update(updates, state, params=None, *, name: str, schedule: Callable, sign: int):
+def _schedule_update(
+    updates, state, params=None, *, name: str, schedule: Callable[..., Any], sign: int
+):
     where = f"fd.optim.{name}.update"
     L.check_state(where, state, ("count",))
     g, spec = L.checked_leaves(where, "grads", updates)
