@@ -79,7 +79,7 @@ def _torch_kind(sub: nn.Module) -> bool:
     if isinstance(sub, nn.RNNBase):
         return sub.dropout > 0 and sub.num_layers > 1
     if isinstance(sub, nn.MultiheadAttention):
-        return sub.dropout > 0
+        return bool(sub.dropout > 0)
     if isinstance(sub, nn.FractionalMaxPool2d | nn.FractionalMaxPool3d):
         return sub._random_samples is None
     return isinstance(sub, nn.RReLU)
@@ -123,7 +123,7 @@ def _names(fns: list[Any], owner: nn.Module) -> Iterator[tuple[str, int]]:
                 todo.append((nxt, depth + 1))
 
 
-def _resolve(name: str, glob: dict, owner: nn.Module) -> Any:
+def _resolve(name: str, glob: dict[str, Any], owner: nn.Module) -> Any:
     """What ``name`` may be in code run for ``owner``: a module global, a function held
     by the instance (``self.fn = fn``), or a method of its class (read statically: no
     property runs)."""

@@ -99,7 +99,7 @@ def state_buffers(module: nn.Module, declared: tuple[str, ...]) -> tuple[str, ..
     return tuple(dict.fromkeys(n for n in (*out, *declared) if n in names))
 
 
-def plain_tensor_attrs(module: nn.Module) -> tuple[tuple[dict, str, Tensor], ...]:
+def plain_tensor_attrs(module: nn.Module) -> tuple[tuple[dict[str, Any], str, Tensor], ...]:
     """``(sub.__dict__, attr, tensor)`` for each tensor held as a plain attribute (neither
     parameter nor buffer: the ``weight`` the older ``weight_norm``/``spectral_norm``
     hooks recompute each call), to put back after a call."""
@@ -134,7 +134,7 @@ def written(
 
 
 _STATS = ((1, "running_mean", None), (2, "running_var", None))
-_NORMS: dict[Any, tuple] = {  # (position, name, default): written in training only
+_NORMS: dict[Any, tuple[Any, ...]] = {  # (position, name, default): written in training only
     torch.nn.functional.batch_norm: (*_STATS, (5, "training", False)),
     torch.nn.functional.instance_norm: (*_STATS, (5, "use_input_stats", True)),
     torch.batch_norm: ((3, "running_mean", None), (4, "running_var", None), (5, "training", 0)),
@@ -167,7 +167,11 @@ class WriteWatch(TorchFunctionMode):
                     self.hit.add(name)
 
     def __torch_function__(
-        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
@@ -209,7 +213,11 @@ class OutCopies(TorchFunctionMode):
         self.tensors = tensors
 
     def __torch_function__(
-        self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> Any:
         kwargs = kwargs or {}
         out = kwargs.get("out")
