@@ -35,6 +35,7 @@ import venv
 import pytest
 import torch
 
+import functd as fd
 import functd.random as fr
 from functd import _fused
 
@@ -276,3 +277,56 @@ def test_the_abi3_wheel_serves_another_python(tmp_path, repaired_wheel, python):
     assert got["split"] == want["split"] and got["bits"] == want["bits"]
     refused = "bind: _data is not a slot of the class"
     assert got["td"] == [True, True, True, ["size", 4], None, None, {"c": 1}, "bs", refused]
+
+
+def test_alloc_ext_finds_the_slots_wherever_the_class_puts_them():
+    """The limited API hides a member descriptor's offset: ``bind`` finds each slot by a
+    probe write. Other slots before, between and after the four: new/init_batch1 set
+    exactly those four; a property or a builtin class is refused by name, and a refused
+    bind keeps the class bound before (functd's TensorDict, rebound at the end)."""
+    from functd._td import _construct as C
+    from functd._td import _tensordict as T
+
+    ext = T._alloc_ext
+    if ext.__file__ is None or not ext.__file__.endswith(".abi3.so"):
+        pytest.skip(f"not the abi3 build: {ext.__file__}")
+
+    class Base:
+        __slots__ = ("inherited",)
+
+    class Stand(Base):
+        # CPython lays slots out in sorted order: others before, between and after
+        __slots__ = (
+            "A",
+            "__dict__",
+            "_batch_size",
+            "_c",
+            "_check_cache",
+            "_data",
+            "_e",
+            "_spec",
+            "z",
+        )
+
+    class Prop:
+        __slots__ = ("_batch_size", "_check_cache", "_spec")
+        _data = property(lambda self: None, lambda self, v: None)
+
+    try:
+        ext.bind(Stand, C._LEAF_TYPES, {}, lambda n: ("size", n))
+        made = ext.new({"x": 1}, "bs")
+        assert type(made) is Stand and (made._data, made._batch_size) == ({"x": 1}, "bs")
+        assert made._spec is None and made._check_cache is None and made.__dict__ == {}
+        for other in ("A", "_c", "_e", "z", "inherited"):
+            assert not hasattr(made, other)
+        td, x = object.__new__(Stand), torch.ones(2, 3)
+        assert ext.init_batch1(td, {"x": x}, [2]) is True
+        assert td._data == {"x": x} and td._batch_size == ("size", 2)
+        with pytest.raises(TypeError, match="bind: _data is not a slot of the class"):
+            ext.bind(Prop, C._LEAF_TYPES, {}, len)
+        with pytest.raises(TypeError, match="bind: _data is not a slot of the class"):
+            ext.bind(int, C._LEAF_TYPES, {}, len)
+        assert type(ext.new({}, "kept")) is Stand  # the refused binds changed nothing
+    finally:
+        ext.bind(fd.TensorDict, C._LEAF_TYPES, C._SIZES, C._size1)
+    assert type(T.from_parts({"x": x}, torch.Size([2]))) is fd.TensorDict
