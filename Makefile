@@ -66,6 +66,7 @@ $(DOCS_STAMP): pyproject.toml setup.py functd/_fused_ext.c functd/_td/_alloc_ext
 # 40 s). `twine upload dist/*` publishes them.
 wheel: $(STAMP)
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[release]"
+	rm -f dist/functd-*
 	$(BIN)/python tools/check_wheel.py --build dist
 
 # Build the sdist and wheel, twine-check them, install the wheel in a fresh venv and run

@@ -20,9 +20,10 @@ Steps (each prints its time; any failure exits non-zero):
    the source tree).
 
 Run: ``.venv/bin/python tools/check_wheel.py [OUT]`` (OUT defaults to a temporary
-folder, removed at the end), or ``make wheel-check``; ``tools/check_wheel.py --build
-DIST`` (``make wheel``: DIST = ``dist``) runs steps 1 and 2 only; ``tests/test_wheel.py`` (marked
-``slow``, run with ``FUNCTD_SLOW=1``) runs it. It takes about 2-3 minutes on the
+folder, removed at the end), or ``make wheel-check``; ``tests/test_wheel.py`` (marked
+``slow``, run with ``FUNCTD_SLOW=1``) runs it. ``tools/check_wheel.py --build DIST``
+(``make wheel``, DIST = ``dist``) runs steps 1 and 2 only and copies the two files to
+DIST (about 40 s). It takes about 2-3 minutes on the
 2-core CI machine with the packages in pip's cache (see notes/docs.md for a measured
 run); the first run downloads torch and transformers' dependencies.
 
@@ -93,8 +94,8 @@ def _tool_env() -> dict[str, str]:
 
 
 def repair(wheel: Path, dist: Path) -> Path:
-    """``auditwheel repair`` of a freshly built wheel into dist, tagged PLATFORM: torch's
-    own floor (a system torch's wheels do not install on gets nothing from functd's).
+    """``auditwheel repair`` of a freshly built wheel into dist, tagged PLATFORM, torch's
+    own floor (where torch's wheels do not install, functd's would be of no use).
     auditwheel refuses if a symbol of the extensions needs a newer glibc; nothing is
     grafted, the extensions link only libc."""
     cmd = [sys.executable, "-m", "auditwheel", "repair", "--plat", PLATFORM, "--only-plat"]
@@ -119,21 +120,26 @@ def build_wheel(src: Path, out: Path, sdist: bool = True) -> Path:
     return repair(wheel, dist)
 
 
+def _require(ok: bool, problem: str) -> None:
+    if not ok:
+        raise SystemExit(f"check_wheel: {problem}")
+
+
 def check_contents(wheel: Path, sdist: Path | None = None) -> None:
     """The wheel's tag is manylinux abi3, it holds the two abi3 extensions and no C
     source; the sdist holds the C sources (pip builds them from it)."""
-    assert WHEEL_TAG.match(wheel.name), f"check_wheel: not a cp310-abi3 manylinux wheel: {wheel}"
+    _require(bool(WHEEL_TAG.match(wheel.name)), f"not a cp310-abi3 {PLATFORM} wheel: {wheel}")
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
     sources = [n for n in names if n.endswith((".c", ".h"))]
-    assert not sources, f"check_wheel: the wheel ships C sources: {sources}"
+    _require(not sources, f"the wheel ships C sources: {sources}")
     missing = [e for e in EXTENSIONS if e not in names]
-    assert not missing, f"check_wheel: the wheel lacks {missing}: {names}"
+    _require(not missing, f"the wheel lacks {missing}: {names}")
     if sdist is not None:
         with tarfile.open(sdist) as tf:
             members = {m.split("/", 1)[-1] for m in tf.getnames()}
         lacking = [c for c in SOURCES if c not in members]
-        assert not lacking, f"check_wheel: the sdist lacks {lacking}"
+        _require(not lacking, f"the sdist lacks {lacking}: pip could not build it")
     print(f"   {wheel.name}: {len(names)} files, no C source", flush=True)
 
 
@@ -156,13 +162,12 @@ def build_and_check(out: Path) -> tuple[Path, Path]:
 
 def check(out: Path) -> None:
     wheel, _ = build_and_check(out)
-    wheels = [str(wheel)]
     venv = out / "venv"
     _run("venv", [sys.executable, "-m", "venv", str(venv)])
     py = str(venv / "bin" / "python")
     pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check"]
     _run("install torch", [*pip, TORCH])
-    _run("install the wheel", [*pip, f"{wheels[0]}[safetensors,models]"])
+    _run("install the wheel", [*pip, f"{wheel}[safetensors,models]"])
     empty = out / "run"
     empty.mkdir()
     script = empty / "run_readme.py"
