@@ -16,6 +16,7 @@ the extensions are built for that one interpreter, as before.
 """
 
 import sysconfig
+from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -25,7 +26,10 @@ MSVC_FLAGS = ["/O2", "/fp:precise"]
 
 
 class BuildExt(build_ext):
-    """Compiler flags by compiler family (gcc/clang or MSVC)."""
+    """Compiler flags by compiler family (gcc/clang or MSVC). Built in place (``pip
+    install -e .``), an extension's other builds beside it are removed: Python imports
+    ``_x.cpython-311-*.so`` before ``_x.abi3.so``, so a build from before abi3 would
+    shadow the new one."""
 
     def build_extensions(self):
         msvc = self.compiler.compiler_type == "msvc"
@@ -33,6 +37,15 @@ class BuildExt(build_ext):
             ext.extra_compile_args = MSVC_FLAGS if msvc else UNIX_FLAGS
             ext.extra_link_args = [] if msvc else ["-pthread"]
         super().build_extensions()
+
+    def copy_extensions_to_source(self):
+        super().copy_extensions_to_source()
+        for ext in self.extensions:  # functd's packages live at their import paths
+            built = Path(self.get_ext_filename(ext.name))
+            stem = built.name.split(".", 1)[0]
+            for other in (*built.parent.glob(f"{stem}.*.so"), *built.parent.glob(f"{stem}.*.pyd")):
+                if other != built and built.exists():
+                    other.unlink()
 
 
 # the stable ABI: not on free-threaded builds, which do not offer it
