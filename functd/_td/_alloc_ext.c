@@ -190,11 +190,11 @@ static int leaf_ok(PyObject *v, PyObject *b0) {
   PyObject *shape = PyObject_GetAttr(v, shape_name);
   if (shape == NULL) return -1;
   r = 0;
-  if (PyTuple_Check(shape)) { /* one call: PyTuple_GET_ITEM is not in the limited API */
-    PyObject *d0 = PyTuple_GetItem(shape, 0); /* borrowed; NULL (IndexError) for () */
-    if (d0 == NULL) PyErr_Clear();
-    else if (PyLong_CheckExact(d0)) r = PyObject_RichCompareBool(d0, b0, Py_EQ);
-  }
+  /* One call, no separate PyTuple_Check (a call too in the limited API, which has no
+     PyTuple_GET_ITEM): NULL for () (IndexError) or a shape that is not a tuple. */
+  PyObject *d0 = PyTuple_GetItem(shape, 0); /* borrowed */
+  if (d0 == NULL) PyErr_Clear();
+  else if (PyLong_CheckExact(d0)) r = PyObject_RichCompareBool(d0, b0, Py_EQ);
   Py_DECREF(shape);
   return r;
 }
