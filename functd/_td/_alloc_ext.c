@@ -105,13 +105,14 @@ static const char *const SLOTS[4] = {"_data", "_batch_size", "_spec", "_check_ca
 /* The offsets of the four slots of cls (a class made by a class statement), or -1 with
    an error. */
 static int find_offsets(PyObject *cls, Py_ssize_t off[4], allocfunc *alloc) {
-  PyObject *desc[4] = {NULL, NULL, NULL, NULL}, *probe = NULL;
+  PyObject *desc[4] = {NULL, NULL, NULL, NULL}, *probe = NULL, *size_obj = NULL;
+  Py_ssize_t basicsize = -1;
   int ok = 0, i;
   for (i = 0; i < 4; i++)
     if ((desc[i] = slot_descriptor(cls, SLOTS[i])) == NULL) goto done;
-  PyObject *size_obj = PyObject_GetAttrString(cls, "__basicsize__");
-  Py_ssize_t basicsize = size_obj == NULL ? -1 : PyLong_AsSsize_t(size_obj);
-  Py_XDECREF(size_obj);
+  if ((size_obj = PyObject_GetAttrString(cls, "__basicsize__")) == NULL) goto done;
+  basicsize = PyLong_AsSsize_t(size_obj);
+  Py_DECREF(size_obj);
   if (basicsize < 0) goto done;
   *alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)cls, Py_tp_alloc);
   if (*alloc == NULL || (probe = (*alloc)((PyTypeObject *)cls, 0)) == NULL) goto done;
