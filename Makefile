@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench gpu-check lint format clean venv docs typecheck wheel-check
+.PHONY: demo test bench gpu-check lint format clean venv docs typecheck wheel-check wheel
 
 venv: $(STAMP)
 
@@ -59,6 +59,15 @@ $(DOCS_STAMP): pyproject.toml setup.py functd/_fused_ext.c functd/_td/_alloc_ext
 	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[docs,models]"
 	rm -f $(VENV)/.installed-docs-*
 	touch $(DOCS_STAMP)
+
+# The files to publish, in dist/: the sdist and one wheel per platform for every CPython
+# >= 3.10 (abi3), repaired by auditwheel to its manylinux tag, twine-checked, with no C
+# source inside and no symbol outside the stable ABI (tools/check_wheel.py --build; about
+# 40 s). `twine upload dist/*` publishes them.
+wheel: $(STAMP)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -e ".[release]"
+	rm -f dist/functd-*
+	$(BIN)/python tools/check_wheel.py --build dist
 
 # Build the sdist and wheel, twine-check them, install the wheel in a fresh venv and run
 # the README there (tools/check_wheel.py; about 2.5 minutes with pip's cache warm).

@@ -16,8 +16,13 @@
  * Vector width: the kernels are compiled once per instruction set (baseline, AVX2,
  * AVX-512F on x86-64 with GCC or Clang) and the widest one the CPU runs is chosen once
  * at import (__builtin_cpu_supports); VARIANT names it. Draws of 32768+ elements
- * release the GIL and are shared by op >> 8 pthreads (no OpenMP: a second runtime next
- * to torch's).
+ * release the GIL and are shared by op >> 8 threads (no OpenMP: a second runtime next
+ * to torch's), started detached by CPython's PyThread_start_new_thread: the stable ABI
+ * has it, and the module then needs no pthread_create, whose glibc 2.34 symbol version
+ * would raise the wheel's manylinux floor above torch's (2_28).
+ *
+ * CPython's limited API only (abi3, Py_LIMITED_API from setup.py): one build serves
+ * every supported Python.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,12 +32,11 @@
 #include <string.h>
 #include <stdlib.h>
 #if !defined(_WIN32) && (defined(__GNUC__) || defined(__clang__))
-#include <pthread.h>
 #include <sched.h>
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
-#define FD_THREADS 1 /* pthreads and the __atomic builtins */
+#define FD_THREADS 1 /* threads and the __atomic builtins */
 #endif
 
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
@@ -333,31 +337,23 @@ static void release(work_t *W) {
   if (__atomic_sub_fetch(&W->refs, 1, __ATOMIC_ACQ_REL) == 0) free(W);
 }
 
-static void *work_main(void *arg) {
+static void work_main(void *arg) {
   work((work_t *)arg);
   release((work_t *)arg);
-  return NULL;
 }
 
 static int64_t run_threaded(const job_t *J, int64_t total, int nthreads) {
   work_t *W = (work_t *)malloc(sizeof(work_t));
-  pthread_attr_t attr;
   int64_t count;
-  if (W == NULL || pthread_attr_init(&attr) != 0) {
-    free(W);
-    return run_range(J, 0, total);
-  }
+  if (W == NULL) return run_range(J, 0, total);
   W->J = *J; W->total = total; W->next = 0; W->done = 0; W->count = 0; W->refs = 1;
-  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  for (int t = 1; t < nthreads; t++) {
-    pthread_t tid;
+  for (int t = 1; t < nthreads; t++) { /* detached threads; no GIL needed to start them */
     __atomic_fetch_add(&W->refs, 1, __ATOMIC_RELAXED);
-    if (pthread_create(&tid, &attr, work_main, W) != 0) {
+    if (PyThread_start_new_thread(work_main, W) == (unsigned long)-1 /* failed */) {
       __atomic_fetch_sub(&W->refs, 1, __ATOMIC_RELAXED);
       break;
     }
   }
-  pthread_attr_destroy(&attr);
   work(W); /* this thread works too, until every chunk is taken */
   while (__atomic_load_n(&W->done, __ATOMIC_ACQUIRE) < total) sched_yield();
   count = __atomic_load_n(&W->count, __ATOMIC_RELAXED);

@@ -21,31 +21,109 @@ slots. From Python that is five calls through the slot descriptors (~0.27 us on 
 
 Built with the package (setup.py, optional): without it ``_tensordict.py`` uses the
 slot descriptors, with the same result.
+
+CPython's limited API (abi3, Py_LIMITED_API from setup.py): one build serves every
+supported Python. The class's type object is opaque there, so ``bind`` finds a slot's
+offset by writing a fresh marker object through the slot's descriptor into a probe
+instance and finding the one pointer-sized word of the instance that holds it; the
+allocator is read once with PyType_GetSlot.
 */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
-#include <structmember.h>
+
+/* Py_XSETREF is not in the limited API */
+#define FD_XSETREF(dst, src)         \
+  do {                               \
+    PyObject *fd_old_ = (PyObject *)(dst); \
+    (dst) = (src);                   \
+    Py_XDECREF(fd_old_);             \
+  } while (0)
 
 static PyTypeObject *td_type = NULL;
+static allocfunc td_alloc = NULL;   /* td_type's tp_alloc */
 static PyObject *leaf_types = NULL; /* frozenset of types */
 static PyObject *sizes = NULL;      /* dict: int -> torch.Size([n]) */
 static PyObject *make_size = NULL;  /* n -> torch.Size([n]) */
 static PyObject *shape_name = NULL; /* "shape", interned */
 static Py_ssize_t off_data, off_bs, off_spec, off_check;
 
-static int offset_of(PyObject *cls, const char *name, Py_ssize_t *off) {
-  PyObject *d = PyDict_GetItemString(((PyTypeObject *)cls)->tp_dict, name);
-  if (d == NULL || Py_TYPE(d) != &PyMemberDescr_Type) {
+/* types.MemberDescriptorType (a __slots__ entry's descriptor), new reference */
+static PyObject *member_descriptor_type(void) {
+  PyObject *types = PyImport_ImportModule("types");
+  if (types == NULL) return NULL;
+  PyObject *t = PyObject_GetAttrString(types, "MemberDescriptorType");
+  Py_DECREF(types);
+  return t;
+}
+
+/* The descriptor ``cls.__dict__[name]`` when it is a slot's (a member descriptor of a
+   class made by a class statement), new reference; NULL with TypeError otherwise. */
+static PyObject *slot_descriptor(PyObject *cls, const char *name) {
+  int heap = (PyType_GetFlags((PyTypeObject *)cls) & Py_TPFLAGS_HEAPTYPE) != 0;
+  PyObject *ns = heap ? PyObject_GetAttrString(cls, "__dict__") : NULL;
+  PyObject *d = ns == NULL ? NULL : PyMapping_GetItemString(ns, name);
+  Py_XDECREF(ns);
+  PyObject *member = d == NULL ? NULL : member_descriptor_type();
+  if (member == NULL || Py_TYPE(d) != (PyTypeObject *)member) {
+    Py_XDECREF(member);
+    Py_XDECREF(d);
+    PyErr_Clear();
     PyErr_Format(PyExc_TypeError, "bind: %s is not a slot of the class", name);
-    return -1;
+    return NULL;
   }
-  PyMemberDef *m = ((PyMemberDescrObject *)d)->d_member;
-  if (m->type != T_OBJECT_EX || (m->flags & READONLY)) {
+  Py_DECREF(member);
+  return d;
+}
+
+/* The offset of the slot of descriptor d in the instances of a class: a fresh marker
+   object written through d into probe (a new instance: its words are the object header,
+   NULL, or what was written) is found in exactly one pointer-sized word. */
+static int offset_of(PyObject *d, PyObject *probe, Py_ssize_t basicsize, const char *name,
+                     Py_ssize_t *off) {
+  PyObject *marker = PyObject_CallNoArgs((PyObject *)&PyBaseObject_Type);
+  PyObject *r = marker == NULL ? NULL : PyObject_CallMethod(d, "__set__", "OO", probe, marker);
+  Py_ssize_t found = -1, hits = 0;
+  if (r != NULL) {
+    Py_DECREF(r);
+    const Py_ssize_t word = (Py_ssize_t)sizeof(PyObject *);
+    for (Py_ssize_t o = (Py_ssize_t)sizeof(PyObject); o + word <= basicsize; o += word) {
+      if (*(PyObject **)((char *)probe + o) == marker) found = o, hits++;
+    }
+  }
+  Py_XDECREF(marker); /* probe's slot holds it while probe lives */
+  if (hits != 1) {
+    PyErr_Clear();
     PyErr_Format(PyExc_TypeError, "bind: %s is not a writable object slot", name);
     return -1;
   }
-  *off = m->offset;
+  *off = found;
   return 0;
+}
+
+static const char *const SLOTS[4] = {"_data", "_batch_size", "_spec", "_check_cache"};
+
+/* The offsets of the four slots of cls (a class made by a class statement), or -1 with
+   an error. */
+static int find_offsets(PyObject *cls, Py_ssize_t off[4], allocfunc *alloc) {
+  PyObject *desc[4] = {NULL, NULL, NULL, NULL}, *probe = NULL, *size_obj = NULL;
+  Py_ssize_t basicsize = -1;
+  int ok = 0, i;
+  for (i = 0; i < 4; i++)
+    if ((desc[i] = slot_descriptor(cls, SLOTS[i])) == NULL) goto done;
+  if ((size_obj = PyObject_GetAttrString(cls, "__basicsize__")) == NULL) goto done;
+  basicsize = PyLong_AsSsize_t(size_obj);
+  Py_DECREF(size_obj);
+  if (basicsize < 0) goto done;
+  *alloc = (allocfunc)PyType_GetSlot((PyTypeObject *)cls, Py_tp_alloc);
+  if (*alloc == NULL || (probe = (*alloc)((PyTypeObject *)cls, 0)) == NULL) goto done;
+  for (i = 0; i < 4; i++)
+    if (offset_of(desc[i], probe, basicsize, SLOTS[i], &off[i]) < 0) goto done;
+  ok = 1;
+done:
+  Py_XDECREF(probe);
+  for (i = 0; i < 4; i++) Py_XDECREF(desc[i]);
+  if (!ok && !PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "bind: the class has no tp_alloc");
+  return ok ? 0 : -1;
 }
 
 static PyObject *py_bind(PyObject *self, PyObject *const *args, Py_ssize_t n) {
@@ -55,28 +133,28 @@ static PyObject *py_bind(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     return NULL;
   }
   PyObject *cls = args[0];
-  Py_ssize_t d, b, s, c; /* all four found before any is kept */
-  if (offset_of(cls, "_data", &d) || offset_of(cls, "_batch_size", &b) ||
-      offset_of(cls, "_spec", &s) || offset_of(cls, "_check_cache", &c))
-    return NULL;
-  off_data = d, off_bs = b, off_spec = s, off_check = c;
+  Py_ssize_t off[4]; /* all four found before any is kept */
+  allocfunc alloc = NULL;
+  if (find_offsets(cls, off, &alloc) < 0) return NULL;
   if (shape_name == NULL && (shape_name = PyUnicode_InternFromString("shape")) == NULL)
     return NULL;
+  off_data = off[0], off_bs = off[1], off_spec = off[2], off_check = off[3];
+  td_alloc = alloc;
   Py_INCREF(cls);
-  Py_XSETREF(td_type, (PyTypeObject *)cls);
+  FD_XSETREF(td_type, (PyTypeObject *)cls);
   Py_INCREF(args[1]);
-  Py_XSETREF(leaf_types, args[1]);
+  FD_XSETREF(leaf_types, args[1]);
   Py_INCREF(args[2]);
-  Py_XSETREF(sizes, args[2]);
+  FD_XSETREF(sizes, args[2]);
   Py_INCREF(args[3]);
-  Py_XSETREF(make_size, args[3]);
+  FD_XSETREF(make_size, args[3]);
   Py_RETURN_NONE;
 }
 
 static inline void put(PyObject *obj, Py_ssize_t off, PyObject *v) {
   PyObject **slot = (PyObject **)((char *)obj + off);
   Py_INCREF(v);
-  Py_XSETREF(*slot, v);
+  FD_XSETREF(*slot, v);
 }
 
 static inline void fill(PyObject *obj, PyObject *data, PyObject *bs) {
@@ -91,7 +169,7 @@ static PyObject *py_new(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "new(data, batch_size), after bind(cls)");
     return NULL;
   }
-  PyObject *obj = td_type->tp_alloc(td_type, 0);
+  PyObject *obj = td_alloc(td_type, 0);
   if (obj == NULL) return NULL;
   fill(obj, args[0], args[1]);
   return obj;
@@ -113,10 +191,11 @@ static int leaf_ok(PyObject *v, PyObject *b0) {
   PyObject *shape = PyObject_GetAttr(v, shape_name);
   if (shape == NULL) return -1;
   r = 0;
-  if (PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) >= 1) {
-    PyObject *d0 = PyTuple_GET_ITEM(shape, 0);
-    if (PyLong_CheckExact(d0)) r = PyObject_RichCompareBool(d0, b0, Py_EQ);
-  }
+  /* One call, no separate PyTuple_Check (a call too in the limited API, which has no
+     PyTuple_GET_ITEM): NULL for () (IndexError) or a shape that is not a tuple. */
+  PyObject *d0 = PyTuple_GetItem(shape, 0); /* borrowed */
+  if (d0 == NULL) PyErr_Clear();
+  else if (PyLong_CheckExact(d0)) r = PyObject_RichCompareBool(d0, b0, Py_EQ);
   Py_DECREF(shape);
   return r;
 }
@@ -127,9 +206,9 @@ static PyObject *py_init_batch1(PyObject *self, PyObject *const *args, Py_ssize_
     return NULL;
   }
   PyObject *source = args[1], *bs = args[2];
-  if (!PyDict_CheckExact(source) || !PyList_CheckExact(bs) || PyList_GET_SIZE(bs) != 1)
+  if (!PyDict_CheckExact(source) || !PyList_CheckExact(bs) || PyList_Size(bs) != 1)
     Py_RETURN_FALSE;
-  PyObject *b = PyList_GET_ITEM(bs, 0);
+  PyObject *b = PyList_GetItem(bs, 0); /* borrowed */
   if (!PyLong_CheckExact(b)) Py_RETURN_FALSE;
   int overflow;
   long long b0 = PyLong_AsLongLongAndOverflow(b, &overflow);
@@ -148,7 +227,7 @@ static PyObject *py_init_batch1(PyObject *self, PyObject *const *args, Py_ssize_
     Py_INCREF(size);
   } else {
     if (PyErr_Occurred()) return NULL;
-    if ((size = PyObject_CallOneArg(make_size, b)) == NULL) return NULL;
+    if ((size = PyObject_CallFunctionObjArgs(make_size, b, NULL)) == NULL) return NULL;
   }
   PyObject *data = PyDict_Copy(source);
   if (data == NULL) {
