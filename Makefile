@@ -84,5 +84,5 @@ format: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .ruff_cache .mypy_cache .hypothesis
-	rm -f functd/*.so functd/*.pyd
+	rm -f functd/*.so functd/*.pyd functd/_td/*.so functd/_td/*.pyd
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
