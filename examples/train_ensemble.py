@@ -36,7 +36,18 @@ def make_data(key) -> fd.TensorDict:
     return fd.TensorDict({"x": x, "y": y}, [N])
 
 
-def main() -> None:
+def main() -> dict[str, list[float]]:
+    """Train and print; returns each member's first and last epoch's mean loss and the
+    spread of the predictions on and off the data."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: a second thread's OpenMP waits cost more
+    try:
+        return _main()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main() -> dict[str, list[float]]:
     key = fd.random.key(1)
     k_data, k_init, k_shuffle = fd.random.split(key, 3)
     data = make_data(k_data)
@@ -67,6 +78,7 @@ def main() -> None:
     )
 
     print("\nfinal training loss per member (last epoch's mean):")
+    first = history["loss"][: N // BATCH].mean(0)
     last = history["loss"][-(N // BATCH) :].mean(0)
     for lr, loss in zip(opt_state["hyperparams", "lr"].tolist(), last.tolist()):
         print(f"  lr {lr:.5f}: {loss:.4f}")
@@ -82,6 +94,11 @@ def main() -> None:
     outside = std[grid.squeeze(-1).abs() > 2.0].mean()
     print(f"\nmean spread: {inside:.3f} on the data, {outside:.3f} beyond it")
     assert outside > inside, "the members should disagree more away from the data"
+    return {
+        "first_loss": first.tolist(),
+        "last_loss": last.tolist(),
+        "spread": [float(inside), float(outside)],
+    }
 
 
 if __name__ == "__main__":
