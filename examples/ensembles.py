@@ -73,7 +73,8 @@ def ratio(slow: list[float], fast: list[float]) -> tuple[float, float, float]:
 def speed_line(what: str, t: dict[str, list[float]]) -> str:
     med, lo, hi = ratio(t["loop"], t["vmap"])
     ms = {k: statistics.median(v) * 1e3 for k, v in t.items()}
-    verdict = "faster" if lo > 1 else "slower" if hi < 1 else "the same within noise"
+    # "faster"/"slower" only when the middle half of the rounds agree, by 2% at least
+    verdict = "faster" if lo > 1.02 else "slower" if hi < 0.98 else "the same within noise"
     return (
         f"{what:10} fd.vmap {ms['vmap']:.2f} ms, loop {ms['loop']:.2f} ms -> fd.vmap "
         f"{med:.2f}x the loop's speed (middle half of the rounds: {lo:.2f}..{hi:.2f}): {verdict}"

@@ -77,11 +77,11 @@ def _main() -> dict[str, list[float]]:
         step, ensemble, opt_state, batches, epochs=EPOCHS, print_every=max(1, EPOCHS // 5)
     )
 
-    print("\nfinal training loss per member (last epoch's mean):")
+    print("\ntraining loss per member (mean of the first epoch -> of the last):")
     first = history["loss"][: N // BATCH].mean(0)
     last = history["loss"][-(N // BATCH) :].mean(0)
-    for lr, loss in zip(opt_state["hyperparams", "lr"].tolist(), last.tolist()):
-        print(f"  lr {lr:.5f}: {loss:.4f}")
+    for lr, l0, l1 in zip(opt_state["hyperparams", "lr"].tolist(), first.tolist(), last.tolist()):
+        print(f"  lr {lr:.5f}: {l0:.4f} -> {l1:.4f}")
 
     grid = torch.linspace(-3, 3, 13).unsqueeze(-1)
     preds = torch.func.vmap(lambda p: model(p, x=grid))(ensemble).squeeze(-1)  # [8, 13]
