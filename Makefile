@@ -19,10 +19,10 @@ $(STAMP): pyproject.toml setup.py functd/_fused_ext.c functd/_td/_alloc_ext.c
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
-# About 30 s on a quiet 2-core machine once .venv exists (README, "Two commands"); the
+# About 25 s on a quiet 2-core machine once .venv exists (README, "Two commands"); the
 # longer examples run under `make examples`.
 demo: $(STAMP)
-	@echo "== make demo: 4 examples, about 30 s on a quiet 2-core CPU (more when it is busy)"
+	@echo "== make demo: 4 examples, about 25 s on a quiet 2-core CPU (more when it is busy)"
 	@echo "   1. examples/tutorial.py        modules as pure functions, the runtime table"
 	@echo "                                   (eager and torch.compile), a keyed probabilistic policy"
 	@echo "   2. examples/ensembles.py       16 MLPs in one fd.vmap: equal to a loop, and the speed"
@@ -40,7 +40,7 @@ demo: $(STAMP)
 
 # The longer examples, full size (README, "Examples", gives each one's time).
 examples: $(STAMP)
-	@echo "== make examples: 7 examples, about 2.5 minutes on a quiet 2-core CPU"
+	@echo "== make examples: 7 examples, about a minute on a quiet 2-core CPU"
 	$(BIN)/python examples/tutorial.py
 	$(BIN)/python examples/train_regression.py
 	$(BIN)/python examples/train_ensemble.py
