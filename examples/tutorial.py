@@ -15,7 +15,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
@@ -203,7 +203,7 @@ def _runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
     time_and_print(rows, fns)
 
 
-def time_and_print(rows: dict[str, Callable], fns: dict[str, Callable]) -> None:
+def time_and_print(rows: dict[str, Callable], fns: dict[str, Any]) -> None:
     """Time every row eager and compiled, all taking turns, and print the table."""
     compiled_fns = {}
     for name, make in rows.items():
