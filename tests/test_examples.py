@@ -89,3 +89,34 @@ def test_finetune_hf_full_run_reaches_97_percent():
     out = ex.main()
     assert out["ensemble_acc"] >= 0.97 and out["member_min_acc"] >= 0.95, out
     assert out["last_loss"] < out["first_loss"] / 4, out
+
+
+def _busy(n: int):
+    def fn() -> int:
+        return sum(i * i for i in range(n))
+
+    return fn
+
+
+def test_speed_lines_count_cpu_time_not_time_off_the_core():
+    """examples/ensembles.py's timing: a function that also sleeps (as if the machine's
+    load took the core away) times as the same work without the sleep, and twice the
+    work is about twice the time, whichever runs first."""
+    import time
+
+    ex = _quick("ensembles")
+    work = _busy(2000)
+
+    def work_then_sleep() -> None:
+        work()
+        time.sleep(0.001)  # off the core: not CPU time
+
+    t = ex.interleaved(
+        {"vmap": work, "loop": _busy(4000), "slept": work_then_sleep}, rounds=5, block_s=0.003
+    )
+    assert all(len(v) == 5 for v in t.values())
+    med, lo, hi = ex.ratio(t["loop"], t["vmap"])
+    assert 1.5 < med < 2.6 and lo <= med <= hi, (med, lo, hi)
+    slept, _, _ = ex.ratio(t["slept"], t["vmap"])
+    assert 0.7 < slept < 1.4, slept  # the 1 ms sleeps (several times the work) are not counted
+    assert "faster" in ex.speed_line("x:", t)
