@@ -11,8 +11,9 @@ training step trains them all.
 
 The learning rate matters here: the [CLS] position must learn to attend to the
 token 7 through two random attention layers, which takes about 40 Adam steps at
-1e-2 (at 3e-3, 24 steps learned nothing: loss ln 2, chance accuracy). One torch thread: the matmuls are tiny, and
-OpenMP's waits on a shared 2-core machine cost more than a second thread gives.
+1e-2 (at 3e-3, 24 steps learned nothing: loss ln 2, chance accuracy). One torch
+thread: the matmuls are tiny, and OpenMP's waits on a shared 2-core machine cost
+more than a second thread gives.
 
 Run: `python examples/finetune_hf.py` (QUICK=1: a short run, about 5 s; full:
 about 20 s; `make examples`). Needs transformers (`pip install -e ".[models]"`).
