@@ -38,7 +38,7 @@ demo: $(STAMP)
 	@echo "== 4/4 examples/train_regression.py (fd.jit)"
 	@QUICK=1 JIT=1 $(BIN)/python examples/train_regression.py
 
-# The longer examples, full size (README, "Examples", gives each one's time).
+# The longer examples, full size (README, "Two commands", gives each one's time).
 examples: $(STAMP)
 	@echo "== make examples: 7 examples, about a minute on a quiet 2-core CPU"
 	$(BIN)/python examples/tutorial.py
