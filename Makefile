@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
 PYTEST_ARGS ?=
 
-.PHONY: demo test bench gpu-check lint format clean venv docs typecheck wheel-check wheel
+.PHONY: demo examples test bench gpu-check lint format clean venv docs typecheck wheel-check wheel
 
 venv: $(STAMP)
 
@@ -19,14 +19,35 @@ $(STAMP): pyproject.toml setup.py functd/_fused_ext.c functd/_td/_alloc_ext.c
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
+# About 25 s on a quiet 2-core machine once .venv exists (README, "Two commands"); the
+# longer examples run under `make examples`.
 demo: $(STAMP)
+	@echo "== make demo: 4 examples, about 25 s on a quiet 2-core CPU (more when it is busy)"
+	@echo "   1. examples/tutorial.py        modules as pure functions, the runtime table"
+	@echo "                                   (eager and torch.compile), a keyed probabilistic policy"
+	@echo "   2. examples/ensembles.py       16 MLPs in one fd.vmap: equal to a loop, and the speed"
+	@echo "   3. examples/train_ensemble.py  8 MLPs trained at once by one vmapped step"
+	@echo "   4. examples/train_regression.py  a short run of a training step compiled with fd.jit"
+	@echo "   (make examples: the longer ones)"
+	@echo "== 1/4 examples/tutorial.py"
+	@QUICK=1 $(BIN)/python examples/tutorial.py
+	@echo "== 2/4 examples/ensembles.py"
+	@$(BIN)/python examples/ensembles.py
+	@echo "== 3/4 examples/train_ensemble.py"
+	@QUICK=1 $(BIN)/python examples/train_ensemble.py
+	@echo "== 4/4 examples/train_regression.py (fd.jit)"
+	@QUICK=1 JIT=1 $(BIN)/python examples/train_regression.py
+
+# The longer examples, full size (README, "Two commands", gives each one's time).
+examples: $(STAMP)
+	@echo "== make examples: 7 examples, about a minute on a quiet 2-core CPU"
 	$(BIN)/python examples/tutorial.py
-	$(BIN)/python examples/ensembles.py
-	QUICK=1 $(BIN)/python examples/train_regression.py
-	QUICK=1 $(BIN)/python examples/train_ensemble.py
-	QUICK=1 $(BIN)/python examples/train_policy.py
-	QUICK=1 $(BIN)/python examples/finetune_hf.py
-	$(BIN)/python examples/ppo_agents.py --quick --agents 2 --seed 0 --no-progress
+	$(BIN)/python examples/train_regression.py
+	$(BIN)/python examples/train_ensemble.py
+	$(BIN)/python examples/train_policy.py
+	$(BIN)/python examples/finetune_hf.py
+	$(BIN)/python examples/ppo_agents.py --agents 4 --seed 0 --no-progress
+	$(BIN)/torchrun --nproc-per-node 2 examples/train_data_parallel.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

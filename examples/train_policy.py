@@ -165,6 +165,15 @@ def fmt(x: torch.Tensor) -> str:
 
 
 def main() -> None:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matmuls: a second thread's OpenMP waits cost more
+    try:
+        _main()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main() -> None:
     start = time.perf_counter()
     params, history = train()
     print(f"REINFORCE on a {STEPS}-step contextual bandit, {EPISODES} episodes per update")

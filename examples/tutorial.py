@@ -12,17 +12,19 @@ Run with `make demo` (QUICK=1 shortens the timings).
 from __future__ import annotations
 
 import os
+import statistics
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.benchmark import Timer
 
 import functd as fd
 
 QUICK = os.environ.get("QUICK", "0") == "1"
+K = TypeVar("K")
 
 
 def step(title: str, td: fd.TensorDict) -> None:
@@ -105,12 +107,52 @@ def pure_block(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     return F.linear(h, p["4.weight"], p["4.bias"]) + x
 
 
-def median_us(fn: Callable[[], object]) -> float:
-    t = Timer("fn()", globals={"fn": fn}).blocked_autorange(min_run_time=0.1 if QUICK else 0.5)
-    return t.median * 1e6
+def interleaved(
+    fns: dict[K, Callable[[], object]], rounds: int, block_s: float
+) -> dict[K, list[float]]:
+    """CPU seconds per call of each function in each round: {name: [round 0, round 1, ...]}.
+
+    The thread's CPU time (time.thread_time; torch runs on this thread when it has one),
+    not the wall clock: the time other processes hold the core is not counted. The
+    functions take turns within every round (in alternating order), so what the load
+    still changes (caches, clock speed) hits all of them alike; compare them by the median of the
+    per-round ratios, which a shared machine's noise cannot invert.
+    """
+    calls = {}
+    for name, fn in fns.items():  # warm up, then size a block to about block_s
+        fn()
+        start = time.thread_time()
+        fn()
+        calls[name] = max(1, round(block_s / max(time.thread_time() - start, 1e-7)))
+    times: dict[K, list[float]] = {name: [] for name in fns}
+    for r in range(rounds):
+        for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
+            start = time.thread_time()
+            for _ in range(calls[name]):
+                fns[name]()
+            times[name].append((time.thread_time() - start) / calls[name])
+    return times
+
+
+def median_ratio(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
+    """The table, on one thread: OpenMP's threads on a shared machine wait on each other,
+    and the figures would measure the load (inductor fixes the count when it compiles).
+    Under no_grad: the nn.Module's weights require grad, functd's params do not, and
+    every row should time the same work (inference, no autograd graph)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.no_grad():
+            _runtime_table(small, params)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
     x = torch.randn(256, 3)
     td = fd.TensorDict({"x": x}, batch_size=[256])
     ref = ResidualBlock()
@@ -161,23 +203,45 @@ def runtime_table(small: fd.Sequential, params: fd.TensorDict) -> None:
     except ImportError:
         print("(tensordict not installed: its rows are skipped)")
 
-    print("\n## Runtime (batch 256, median per call)")
+    time_and_print(rows, fns)
+
+
+def time_and_print(rows: dict[str, Callable[..., Any]], fns: dict[str, Any]) -> None:
+    """Time every row eager and compiled, all taking turns, and print the table."""
+    compiled_fns = {}
+    for name, make in rows.items():
+        compiled_fns[name] = make(torch.compile(fns[name]))
+        for _ in range(3):
+            compiled_fns[name]()
+    rounds, block = (31, 0.005) if QUICK else (61, 0.01)
+    calls = {(name, False): make(fns[name]) for name, make in rows.items()}
+    calls.update({(name, True): fn for name, fn in compiled_fns.items()})
+    times = interleaved(calls, rounds, block)  # eager and compiled rows all take turns
+    eager = {name: times[name, False] for name in rows}
+    compiled = {name: times[name, True] for name in rows}
+
+    print(f"\n## Runtime (batch 256, inference, 1 thread; CPU time, median of {rounds} rounds)")
     print(f"| {'version':36} | eager µs | compiled µs | eager / nn.Module |")
     print(f"|{'-' * 38}|---------:|------------:|------------------:|")
-    base = None
-    for name, make in rows.items():
-        eager = median_us(make(fns[name]))
-        compiled_fn = torch.compile(fns[name])
-        call = make(compiled_fn)
-        for _ in range(3):
-            call()
-        compiled = median_us(call)
-        base = base or eager
-        print(f"| {name:36} | {eager:8.1f} | {compiled:11.1f} | {eager / base:17.2f} |")
+    base = eager["nn.Module"]
+    for name in rows:
+        e, c = statistics.median(eager[name]) * 1e6, statistics.median(compiled[name]) * 1e6
+        r = median_ratio(eager[name], base)
+        print(f"| {name:36} | {e:8.1f} | {c:11.1f} | {r:17.2f} |")
     print(
-        "\nThe numbers come from this machine, now; the benchmarks in benchmarks/ "
-        "measure more cases (notes/performance.md)."
+        "\nThe numbers come from this machine, now; the versions take turns in every round, "
+        "so the\nratio column (the median of the per-round ratios) holds under load. The "
+        "benchmarks in\nbenchmarks/ measure more cases (notes/performance.md)."
     )
+    slower = [n for n in rows if median_ratio(compiled[n], eager[n]) > 1]
+    if slower:
+        print(
+            f"Compiled is slower than eager here for {len(slower)} of {len(rows)} versions: the "
+            "work is three\nsmall matmuls, which compiled code hands to the same BLAS "
+            "routines, so there is little\nto fuse, and each compiled call adds its guard "
+            "checks and wrapper. torch.compile pays off\non larger graphs with elementwise "
+            "work to fuse (see benchmarks/)."
+        )
 
 
 def main() -> None:
