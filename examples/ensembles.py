@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
+from _timing import interleaved
 
 import functd as fd
 
@@ -37,33 +36,6 @@ def make_mlp() -> tuple[fd.Sequential, nn.Sequential]:
         selected_out_keys=["y"],
     )
     return mlp, net
-
-
-def interleaved(
-    fns: dict[str, Callable[[], object]], rounds: int = 11, block_s: float = 0.05
-) -> dict[str, list[float]]:
-    """CPU seconds per call of each function in each round: {name: [round 0, round 1, ...]}.
-
-    The thread's CPU time (time.thread_time; torch runs on this thread when it has one),
-    not the wall clock: the time other processes hold the core is not counted. The
-    functions take turns within every round (in alternating order), so what the load
-    still changes (caches, clock speed) hits all of them alike; compare them by the median of the
-    per-round ratios (`ratio`), which a shared machine's noise cannot invert.
-    """
-    calls = {}
-    for name, fn in fns.items():  # warm up, then size a block to about block_s
-        fn()
-        start = time.thread_time()
-        fn()
-        calls[name] = max(1, round(block_s / max(time.thread_time() - start, 1e-7)))
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for r in range(rounds):
-        for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-            start = time.thread_time()
-            for _ in range(calls[name]):
-                fns[name]()
-            times[name].append((time.thread_time() - start) / calls[name])
-    return times
 
 
 def ratio(slow: list[float], fast: list[float]) -> tuple[float, float, float]:

@@ -13,18 +13,17 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from _timing import interleaved
 
 import functd as fd
 
 QUICK = os.environ.get("QUICK", "0") == "1"
-K = TypeVar("K")
 
 
 def step(title: str, td: fd.TensorDict) -> None:
@@ -105,33 +104,6 @@ def pure_block(p: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
     h = torch.relu(F.linear(x, p["0.weight"], p["0.bias"]))
     h = torch.relu(F.linear(h, p["2.weight"], p["2.bias"]))
     return F.linear(h, p["4.weight"], p["4.bias"]) + x
-
-
-def interleaved(
-    fns: dict[K, Callable[[], object]], rounds: int, block_s: float
-) -> dict[K, list[float]]:
-    """CPU seconds per call of each function in each round: {name: [round 0, round 1, ...]}.
-
-    The thread's CPU time (time.thread_time; torch runs on this thread when it has one),
-    not the wall clock: the time other processes hold the core is not counted. The
-    functions take turns within every round (in alternating order), so what the load
-    still changes (caches, clock speed) hits all of them alike; compare them by the median of the
-    per-round ratios, which a shared machine's noise cannot invert.
-    """
-    calls = {}
-    for name, fn in fns.items():  # warm up, then size a block to about block_s
-        fn()
-        start = time.thread_time()
-        fn()
-        calls[name] = max(1, round(block_s / max(time.thread_time() - start, 1e-7)))
-    times: dict[K, list[float]] = {name: [] for name in fns}
-    for r in range(rounds):
-        for name in list(fns) if r % 2 == 0 else list(fns)[::-1]:
-            start = time.thread_time()
-            for _ in range(calls[name]):
-                fns[name]()
-            times[name].append((time.thread_time() - start) / calls[name])
-    return times
 
 
 def median_ratio(a: list[float], b: list[float]) -> float:

@@ -27,6 +27,8 @@ def _quick(name: str, quick: bool = True) -> ModuleType:
     env = {"QUICK": "1" if quick else "0", "JIT": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    if str(ROOT / "examples") not in sys.path:  # as `python examples/x.py` has it
+        sys.path.insert(0, str(ROOT / "examples"))  # (examples/_timing.py)
     try:
         spec = importlib.util.spec_from_file_location(key, ROOT / "examples" / f"{name}.py")
         assert spec is not None and spec.loader is not None
