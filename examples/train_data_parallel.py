@@ -23,7 +23,7 @@ import torch.nn as nn
 
 import functd as fd
 
-STEPS = int(os.environ.get("STEPS", "10"))
+STEPS = int(os.environ.get("STEPS", "20"))
 BATCH = 32  # the global batch; each of the W ranks steps on BATCH / W rows
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     batches = []
     for _ in range(STEPS):
         x = torch.randn(BATCH, 8, generator=g)
-        y = torch.sin(x @ w_true) + 0.1 * torch.randn(BATCH, 1, generator=g)
+        y = torch.sin(x @ w_true / 3) + 0.1 * torch.randn(BATCH, 1, generator=g)
         batches.append(fd.TensorDict({"x": x, "y": y}, [BATCH]).to(device))
 
     opt = fd.optim.chain(fd.distributed.mean_updates(), fd.optim.adam(1e-2))

@@ -122,3 +122,21 @@ def test_speed_lines_count_cpu_time_not_time_off_the_core():
     slept, _, _ = ex.ratio(t["slept"], t["vmap"])
     assert 0.7 < slept < 1.4, slept  # the 1 ms sleeps (several times the work) are not counted
     assert "faster" in ex.speed_line("x:", t)
+
+
+def test_train_data_parallel_loss_falls_and_equals_one_process():
+    """examples/train_data_parallel.py on one process (as `python examples/...` runs it):
+    the loss of its 20 steps falls by more than 4x, and both data-parallel routes equal
+    one process on the full batches (the script asserts that itself)."""
+    import re
+    import subprocess
+
+    env = {**os.environ, "STEPS": "20"}
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "train_data_parallel.py")],
+        env=env, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout  # fmt: skip
+    losses = [float(v) for v in re.findall(r"step\s+\d+: loss ([0-9.]+)", out)]
+    assert len(losses) == 20, out
+    assert losses[-1] < losses[0] / 4, losses
+    assert "fd.fit(data_parallel=True): final loss" in out, out  # reached its last check
