@@ -242,6 +242,15 @@ def test_a_distribution_refusing_its_arguments_names_the_head_and_its_position()
         head,
     )
     td = _td(x=torch.zeros(5, 3))
+    before = D.Distribution._validate_args  # (torch.compile of a distribution turns it off)
+    D.Distribution.set_default_validate_args(True)
+    try:
+        _refused(policy, td)
+    finally:
+        D.Distribution.set_default_validate_args(before)
+
+
+def _refused(policy: fd.ProbabilisticSequential, td: fd.TensorDict) -> None:
     with pytest.raises(
         ValueError,
         match=r"^Probabilistic\(Normal -> 'a'\) \(module 2 of ProbabilisticSequential\(3 "
