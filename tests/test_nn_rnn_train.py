@@ -363,3 +363,26 @@ def test_torch_rnn_on_a_packed_sequence_under_vmap_raises_the_way_around():
         r"pad_packed_sequence",
     ):
         fd.vmap(lambda k: mod(params, td, key=k))(keys)
+
+
+def test_a_state_with_the_batch_dim_second_names_batch_first_state_and_that_fix_works():
+    """fd.Module(nn.LSTM) writing (h, c) into a batched tensordict: the error points to
+    batch_first_state, and the layer it names takes the same params and fits the td."""
+    import dataclasses
+
+    lstm = nn.LSTM(3, 4, num_layers=2, batch_first=True).double()
+    m = fd.Module(lstm, ["x"], ["y", "h", "c"])
+    params = fd.from_module(m)
+    td = fd.TensorDict({"x": torch.randn(5, 7, 3, dtype=D)}, [5])
+    with pytest.raises(
+        ValueError, match=r"output 'h' has shape \[2, 5, 4\].*batch_first_state=True"
+    ):
+        m(params, td)
+    fixed = fd.Module(
+        dataclasses.replace(fd.nn.lower(lstm), batch_first_state=True), ["x"], ["y", "h", "c"]
+    )
+    out = fixed(params, td)
+    y, (h, c) = lstm(td["x"])
+    torch.testing.assert_close(out["y"], y, **TOL)
+    torch.testing.assert_close(out["h"], h.transpose(0, 1), **TOL)
+    torch.testing.assert_close(out["c"], c.transpose(0, 1), **TOL)

@@ -69,6 +69,14 @@ REDUCED = (
 )
 
 
+RNN_STATE = (
+    " A recurrent layer's state is (layers * directions, N, hidden), the batch dim second: "
+    "build the layer with batch_first_state=True (for a lowered torch module, "
+    "`dataclasses.replace(fd.nn.lower(m), batch_first_state=True)`: the same params) to "
+    "take and return it as (N, layers * directions, hidden)."
+)
+
+
 def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
     if not isinstance(value, torch.Tensor):
         if isinstance(value, TensorDict) and value._batch_size[: len(bs)] == bs:
@@ -83,6 +91,11 @@ def _write(m: Any, data: dict, bs: torch.Size, key: Key, value: Any) -> None:
             f"{m._label()}: output {E.fmt_key(key)} has shape {list(value.shape)}, which does not "
             f"start with the batch size {list(bs)} of the tensordict. Keep the batch dims in front."
             + (REDUCED.format(key=E.fmt_key(key), bs=list(bs)) if value.dim() < len(bs) else "")
+            + (
+                RNN_STATE
+                if getattr(getattr(m, "_fn", None), "batch_first_state", None) is False
+                else ""
+            )
         )
     if type(key) is str:
         data[key] = value
