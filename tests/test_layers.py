@@ -55,6 +55,7 @@ def room(mod: str) -> str:
         return "base"
     sub = parts[1] if len(parts) > 1 else ""
     return {
+        "_torch": "base",  # torch's private APIs (functd/_torch/): imports torch only
         "": "top",  # the package itself: fd.*
         "random": "random",
         "_bits_to_numbers": "random",
