@@ -16,11 +16,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from torch._inductor import config
+# ``inductor_prims`` registers ``prims.inductor_force_stride_order`` (fd.jit's passes emit
+# it) on import; ``lowering`` is read by inductor's decompositions (max pooling)
+from torch._inductor import config, inductor_prims, lowering
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.decomposition import select_decomp_table
 
-__all__ = ["CustomGraphPass", "compile_fx_inner", "config", "select_decomp_table"]
+__all__ = [
+    "CustomGraphPass",
+    "compile_fx_inner",
+    "config",
+    "inductor_prims",
+    "lowering",
+    "select_decomp_table",
+]
 
 
 def compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
