@@ -457,7 +457,7 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list[Any]], Any], 
     }
     with _tracing(), inductor_config.patch(options), _fake_mode_of(gm, t.fakes):
         compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
-    run = compiled.current_callable  # type: ignore[attr-defined]
+    run = compiled.current_callable
     # inductor's C++ shim appends the graph's tensor constants to the inputs: only a
     # graph without constants may skip it (else the entry reads past its inputs)
     if not gm.graph.find_nodes(op="get_attr"):
