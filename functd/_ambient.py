@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from ._torch.ops import any_autocast
+
 __all__ = ["INTERACTION", "snapshot"]
 
 
@@ -27,7 +29,7 @@ class _Interaction(threading.local):
 
 INTERACTION = _Interaction()
 
-_any_autocast = torch._C._is_any_autocast_enabled
+_any_autocast = any_autocast  # (a module global: read once per call)
 
 
 def _autocast() -> tuple[Any, ...]:

@@ -24,11 +24,12 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
+from ._torch.functorch import is_wrapped
+
 __all__ = ["is_wrapped", "plain", "plain_tensor"]
 
-#: ``is_wrapped(t)``: whether ``t`` is a ``torch.func`` wrapper (None on a torch without
-#: the hook: then nothing is plain)
-is_wrapped = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+# ``is_wrapped(t)`` (functd._torch.functorch): whether ``t`` is a ``torch.func`` wrapper
+# (None on a torch without the hook: then nothing is plain)
 
 
 def plain(tensors: Iterable[Tensor]) -> bool:

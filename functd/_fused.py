@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from ._eager import is_wrapped, plain_tensor
+from ._torch import functorch, ops
 
 # The kernel's modes: the values of the enum of _fused_ext.c, one by one (a test reads
 # the C enum and compares). A call passes ``mode | threads << 8``. Plain ints: a module
@@ -56,14 +57,14 @@ _THREADED = 1 << 18  # draws this large are shared by torch.get_num_threads() th
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
 _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
 
-_F = torch._C._functorch
-_is_batched = getattr(_F, "is_batchedtensor", None)
-_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", None)
-_transforms = getattr(_F, "peek_interpreter_stack", None)
-_stack = getattr(_F, "get_interpreter_stack", None)
-_function_mode = torch._C._is_torch_function_mode_enabled
-_tracing = torch._C._get_tracing_state
-_VMAP = getattr(getattr(_F, "TransformType", None), "Vmap", None)
+_F = functorch.C
+_is_batched = functorch.is_batchedtensor
+_dispatch_modes = ops.len_dispatch_stack
+_transforms = functorch.peek_interpreter_stack
+_stack = functorch.get_interpreter_stack
+_function_mode = ops.function_mode_enabled
+_tracing = ops.tracing_state
+_VMAP = getattr(functorch.TransformType, "Vmap", None)
 _HOOKS = None not in (is_wrapped, _is_batched, _dispatch_modes, _transforms, _stack, _VMAP)
 _VMAP_HOOKS = all(  # what _lift/_wrap/_under_vmap use; else vmapped draws take the pure ops
     hasattr(_F, name)

@@ -113,7 +113,7 @@ def _dynamo_counts() -> tuple[int, int]:
 
     if "torch._dynamo" not in sys.modules:  # nothing compiled yet: do not import it
         return 0, 0
-    from torch._dynamo.utils import counters
+    from ._torch.dynamo import counters
 
     return counters["stats"]["unique_graphs"], sum(counters["graph_break"].values())
 
@@ -241,7 +241,7 @@ def assert_no_graph_break() -> Iterator[CompileCount]:
     with count_compiles() as c:
         yield c
     if c.graph_breaks:
-        from torch._dynamo.utils import counters
+        from ._torch.dynamo import counters
 
         raise AssertionError(
             f"{c.graph_breaks} graph break(s) in the block: {dict(counters['graph_break'])}"

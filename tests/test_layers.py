@@ -55,6 +55,7 @@ def room(mod: str) -> str:
         return "base"
     sub = parts[1] if len(parts) > 1 else ""
     return {
+        "_torch": "base",  # torch's private APIs (functd/_torch/): imports torch only
         "": "top",  # the package itself: fd.*
         "random": "random",
         "_bits_to_numbers": "random",
@@ -270,3 +271,80 @@ def test_oversized_finds_a_long_function(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     (tmp_path / "long.py").write_text(f"def f():\n{body}\n")
     assert oversized({"functd.long": tmp_path / "long.py"}) == ["functd.long:1 f: 81 lines"]
+
+
+#: The room of torch's private APIs (issue 37): only its files may touch ``torch._*``.
+TORCH_ROOM = "functd._torch"
+
+
+def private_torch_uses(name: str, text: str) -> list[str]:
+    """Each access to torch's private API in module ``name`` (source ``text``) outside
+    ``functd._torch``: ``import torch._x``, ``from torch._x import y``,
+    ``from torch import _x``, ``torch._x`` and ``getattr(torch, "_x")``. The
+    ``torch._foreach_*`` ops (what torch.optim itself runs) are allowed anywhere.
+    Strings and comments do not count."""
+    if name == TORCH_ROOM or name.startswith(TORCH_ROOM + "."):
+        return []
+
+    def private(attr: str) -> bool:
+        dunder = attr.startswith("__") and attr.endswith("__")  # torch.__version__
+        return attr.startswith("_") and not dunder and not attr.startswith("_foreach_")
+
+    bad = []
+    for node in ast.walk(ast.parse(text)):
+        found = None
+        if isinstance(node, ast.Import):
+            found = next((a.name for a in node.names if a.name.startswith("torch._")), None)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module.startswith("torch._"):
+                found = f"from {node.module}"
+            elif node.module == "torch" and any(private(a.name) for a in node.names):
+                found = "from torch import _"
+        elif isinstance(node, ast.Attribute) and private(node.attr):
+            if isinstance(node.value, ast.Name) and node.value.id == "torch":
+                found = f"torch.{node.attr}"
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) == "getattr":
+            args = node.args
+            if len(args) >= 2 and getattr(args[0], "id", None) == "torch":
+                attr = getattr(args[1], "value", None)
+                if isinstance(attr, str) and private(attr):
+                    found = f'getattr(torch, "{attr}")'
+        if found:
+            bad.append(f"{name}:{node.lineno} {found} (import it from {TORCH_ROOM})")
+    return bad
+
+
+def test_torch_private_apis_only_in_their_room():
+    # torch._* changes between releases: every use goes through functd/_torch/, which
+    # documents it and its versions (notes/torch-private.md)
+    bad = []
+    for name, path in sorted(modules().items()):
+        if path.suffix == ".py":
+            bad += private_torch_uses(name, path.read_text())
+    assert bad == []
+
+
+def test_private_torch_uses_finds_each_form():
+    src = (
+        '"""``torch._VF.lstm`` in a docstring is fine."""\n'
+        "import torch\n"
+        "import torch._dynamo\n"  # 3
+        "from torch._guards import detect_fake_mode\n"  # 4
+        "from torch import _VF, Tensor\n"  # 5
+        "x = torch._C._functorch\n"  # 6
+        "y = torch._foreach_add  # torch.optim's own ops: allowed\n"
+        "def f():\n"
+        '    return getattr(torch, "_native_multi_head_attention", None)\n'  # 9
+        "z = torch.nn.functional.relu, torch.__version__  # public\n"
+    )
+    assert private_torch_uses("functd.nn._x", src) == [
+        f"functd.nn._x:{line} {what} (import it from functd._torch)"
+        for line, what in [
+            (3, "torch._dynamo"),
+            (4, "from torch._guards"),
+            (5, "from torch import _"),
+            (6, "torch._C"),
+            (9, 'getattr(torch, "_native_multi_head_attention")'),
+        ]
+    ]
+    assert private_torch_uses("functd._torch.ops", src) == []  # the room itself

@@ -44,6 +44,7 @@ from torch import distributions as D
 from .. import random as fr
 from .._ambient import INTERACTION
 from .._td import Key
+from .._torch.ops import is_all_true, standard_gamma_grad
 
 __all__ = [
     "SUPPORTED",
@@ -262,7 +263,7 @@ def _std_gamma(key: Tensor, alpha: Tensor, shape: tuple[int, ...]) -> Tensor:
     out = out.clamp_min(torch.finfo(a.dtype).tiny)
     if not alpha.requires_grad:
         return out
-    grad = torch._standard_gamma_grad(a, out)
+    grad = standard_gamma_grad(a, out)
     return out + (alpha.expand(shape) - a) * grad
 
 
@@ -453,7 +454,7 @@ def normal_fast(loc: Any, scale: Any, key: Tensor | None, log_prob: bool):
     check = D.Distribution._validate_args  # as torch: validate unless turned off
     # one test of (x == x) & (scale > 0) in all: a draw is NaN where loc is (z is finite)
     x = loc if key is None else loc + fr.normal(key.to(loc.device), loc.shape, loc.dtype) * scale
-    if check and not torch._is_all_true((x == x) & (scale > 0)):
+    if check and not is_all_true((x == x) & (scale > 0)):
         return None
     if not log_prob:
         return x, None

@@ -20,6 +20,12 @@ from typing import Any
 import torch
 
 from .. import _errors as E
+from .._torch.functorch import (
+    get_unwrapped,
+    is_batchedtensor,
+    is_wrapped,
+    temporarily_clear_interpreter_stack,
+)
 
 __all__ = ["SEEN", "is_dtensor", "mixed_mesh_error", "one_mesh", "replicated", "seen"]
 
@@ -29,8 +35,8 @@ _Tensor = torch.Tensor
 #: True once functd has met a DTensor (params marked, ``shard``, an FSDP2 module): only
 #: then does the fast params check look through torch.func's wrappers for DTensors.
 SEEN = False
-_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
-_unwrap = torch._C._functorch.get_unwrapped
+_wrapped = is_wrapped
+_unwrap = get_unwrapped
 
 
 def seen() -> None:
@@ -97,7 +103,7 @@ def _constant_base(a: _Tensor) -> Any:
     """The plain tensor under ``a`` when no torch.func transform maps or differentiates
     it (a batch passed next to the params under ``fd.grad``); None otherwise."""
     while _wrapped(a):
-        if a.requires_grad or torch._C._functorch.is_batchedtensor(a):
+        if a.requires_grad or is_batchedtensor(a):
             return None
         a = _unwrap(a)
     return a
@@ -115,8 +121,6 @@ def replicate_input(m: Any, i: int, a: Any, mesh: Any, DTensor: Any, Replicate: 
     placements = [Replicate()] * mesh.ndim
     base = _constant_base(a)
     if base is not None:  # a constant of every torch.func transform: build it outside them
-        from torch._functorch.pyfunctorch import temporarily_clear_interpreter_stack
-
         with temporarily_clear_interpreter_stack():
             return DTensor.from_local(base, mesh, placements, run_check=False)
     try:

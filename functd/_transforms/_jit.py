@@ -44,6 +44,8 @@ import torch
 from .._ambient import INTERACTION, snapshot
 from .._td import TensorDict
 from .._td._tree import NAMESPACE
+from .._torch.functorch import peek_interpreter_stack
+from .._torch.ops import any_autocast
 from ._cuda_graph import _CudaRecorder, _Graphed
 from ._jit_code import make_match, make_outputs
 from ._jit_options import checked
@@ -56,10 +58,10 @@ __all__ = ["CacheInfo", "JitWarning", "Lowered", "compiles", "jit"]
 _MAX_ALIASES = 256  # signatures remembered (each points to a compiled entry)
 _MAX_DERIVED = 16  # transforms of one wrapper kept (fd.grad(jf), fd.vmap(jf)...: _compose)
 _COUNT = [0]  # compilations by every fd.jit wrapper (functd.testing reads it)
-_peek = torch._C._functorch.peek_interpreter_stack
+_peek = peek_interpreter_stack
 _is_dynamo = torch.compiler.is_dynamo_compiling  # folded to True by dynamo
 _compiler = torch.compiler  # ._is_compiling_flag: True in torch.export's and fd.jit's traces
-_any_autocast = torch._C._is_any_autocast_enabled
+_any_autocast = any_autocast
 _TRACE_LOCK = threading.RLock()  # one trace + compile at a time in the process
 _TRACING: list[int | None] = [None]  # the thread whose fd.jit trace is under way
 _get_ident = threading.get_ident

@@ -80,7 +80,7 @@ def _guard(c: _Code, tensors: list[Tensor]) -> str:
     device and requires_grad: dynamo's C++ ``TensorGuards`` (one call for all of
     them, ~0.1 µs a tensor), or the same tests in Python where torch lacks it."""
     try:
-        from torch._C._dynamo.guards import TensorGuards
+        from .._torch.dynamo import TensorGuards
 
         g = TensorGuards(
             *tensors,

@@ -25,6 +25,9 @@ from typing import Any
 
 import torch
 
+from .._torch.fake import FakeTensorMode
+from .._torch.ops import OpOverload
+
 __all__ = ["GLOBAL_RANDOM", "draw_site", "draws"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
@@ -65,7 +68,7 @@ def draws(op: Any, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> bool:
     ``aten.lstm``/``gru``/``rnn_*`` whatever their ``dropout``, dropout whatever its
     ``train``. ``dropout_p`` or ``dropout`` 0 (attention in eval), one RNN layer (its
     dropout acts between layers) or ``train``/``training`` False draw nothing."""
-    if not isinstance(op, torch._ops.OpOverload):
+    if not isinstance(op, OpOverload):
         return False
     if torch.Tag.nondeterministic_seeded not in op.tags:
         return False
@@ -113,8 +116,6 @@ def draw_site(
             if draws(func, args, kwargs or {}):
                 raise _Draw(func, sys._getframe(1))
             return func(*args, **(kwargs or {}))
-
-    from torch._subclasses.fake_tensor import FakeTensorMode
 
     # the trace's fake mode (a function of no tensors: a new one), so nothing runs for real
     mode = next((t.fake_mode for t in fakes if hasattr(t, "fake_mode")), None)

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from .._torch.ops import OpOverload
 from ._signature import Flat
 from ._vmap import TransformError
 
@@ -87,9 +88,7 @@ def _same_dtype_ops() -> dict[Any, Any]:
     }
 
 
-def _bound(
-    op: torch._ops.OpOverload, args: tuple[Any, ...], kwargs: dict[Any, Any]
-) -> dict[str, Any]:
+def _bound(op: OpOverload, args: tuple[Any, ...], kwargs: dict[Any, Any]) -> dict[str, Any]:
     """An op's call as {schema argument name: value}."""
     out = {}
     for i, a in enumerate(op._schema.arguments):
@@ -98,7 +97,7 @@ def _bound(
 
 
 def _checked(
-    op: torch._ops.OpOverload, names: tuple[Any, ...], decomp: Callable[..., Any] | None
+    op: OpOverload, names: tuple[Any, ...], decomp: Callable[..., Any] | None
 ) -> Callable[..., Any]:
     """A decomposition-table entry for ``op``: raises ``_MixedDtypes`` when the operands
     ``names`` differ in dtype, else defers to ``decomp`` (None: no decomposition)."""
@@ -121,7 +120,7 @@ def _checked(
 
 def decompositions() -> dict[Any, Any]:
     """Inductor's decomposition table with the dtype checks of ``_same_dtype_ops``."""
-    from torch._inductor.decomposition import select_decomp_table
+    from .._torch.inductor import select_decomp_table
 
     table = dict(select_decomp_table())
     for op, names in _same_dtype_ops().items():
@@ -169,7 +168,7 @@ def _refused(name: str, e: BaseException, flat: Flat) -> BaseException | None:
         return None  # not an op's check of its operands
     loc = frames[k].f_locals
     op, mode = loc.get("func"), loc.get("proxy_mode")
-    if not isinstance(op, torch._ops.OpOverload):
+    if not isinstance(op, OpOverload):
         return None
     outer = next(
         (fr.f_locals.get("tracer") for fr in frames if fr.f_code.co_name == "dispatch_trace"),

@@ -48,9 +48,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch._inductor.inductor_prims  # registers prims.inductor_force_stride_order
-from torch._guards import detect_fake_mode
-from torch._inductor.custom_graph_pass import CustomGraphPass
+
+from .._torch.fake import FakeTensorMode, detect_fake_mode
+from .._torch.inductor import CustomGraphPass  # (also registers prims.inductor_force_stride_order)
 
 __all__ = ["BatchOneBmm", "FuseCopyViews", "PostGrad", "RowMajorBmm"]
 
@@ -93,7 +93,7 @@ class RowMajorBmm(CustomGraphPass):
                     continue
                 with graph.inserting_before(node):
                     view = graph.call_function(_FORCE_STRIDES, (src if transposed else a, stride))
-                with detect_fake_mode([val]) or torch._subclasses.FakeTensorMode():
+                with detect_fake_mode([val]) or FakeTensorMode():
                     new = torch.empty_strided([b, m, k], stride, dtype=val.dtype, device=val.device)
                 view.meta["val"] = new
                 node.replace_input_with(a, view)
@@ -165,7 +165,7 @@ class FuseCopyViews(CustomGraphPass):
             with graph.inserting_before(node):
                 v = graph.call_function(view, node.args, node.kwargs)
                 copy = graph.call_function(_aten.clone.default, (v,), {"memory_format": _ROW_MAJOR})
-            with detect_fake_mode([val]) or torch._subclasses.FakeTensorMode():
+            with detect_fake_mode([val]) or FakeTensorMode():
                 v.meta["val"] = view(src_val, *node.args[1:], **node.kwargs)
             copy.meta["val"] = val
             node.replace_all_uses_with(copy)

@@ -36,6 +36,16 @@ import torch
 from torch import Tensor
 
 from .._td._tree import NAMESPACE
+from .._torch.fake import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensor,
+    FakeTensorMode,
+    TracingContext,
+    UnsupportedOperatorException,
+    tracing,
+)
+from .._torch.ops import OpOverload, aoti
 from ._jit_draws import FIX_KEYS, GLOBAL_RANDOM, draw_site, draws
 from ._jit_operands import decompositions, refused_safely
 from ._signature import Flat, by_bits
@@ -189,7 +199,6 @@ def _tracing() -> Iterator[None]:
 
 
 def _fakes(tensors: list[Tensor], dyn: tuple[Any, ...] | None):
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx.experimental.symbolic_shapes import (
         DimDynamic,
         ShapeEnv,
@@ -217,11 +226,6 @@ def _user_frame(tb) -> str:
 
 
 def _translate(name: str, e: BaseException) -> BaseException | None:
-    from torch._subclasses.fake_tensor import (
-        DataDependentOutputException,
-        DynamicOutputShapeException,
-        UnsupportedOperatorException,
-    )
     from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     at = _user_frame(e.__traceback__)
@@ -256,8 +260,9 @@ def trace(
             torch's global generator.
         TypeError: an output leaf is neither a tensor nor a plain Python value.
     """
-    import torch._inductor.lowering  # inductor's decompositions read it (max pooling)
     from torch.fx.experimental.proxy_tensor import make_fx
+
+    from .._torch.inductor import lowering  # noqa: F401  (inductor's decompositions read it)
 
     env, fakes = _fakes(flat.tensors, dyn)
     box: list[Any] = []
@@ -305,7 +310,7 @@ def _input(v: Any, it: Iterator[Any]) -> Any:
 def _written(node: torch.fx.Node):
     """The node an in-place op writes into (its first mutable argument), or None."""
     target = node.target
-    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+    if node.op != "call_function" or not isinstance(target, OpOverload):
         return None
     for arg, a in zip(target._schema.arguments, node.args):
         if arg.alias_info is not None and arg.alias_info.is_write:
@@ -322,8 +327,6 @@ def _check_graph(
     """Refuse writes into inputs or closed-over tensors, draws from torch's global
     generator and traced constants in loop steps. ``again()`` runs the function once
     more as traced (``(fn, fakes)``), to find where a draw happened."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     for sub_name, sub in gm.named_modules():
         for node in sub.graph.find_nodes(op="get_attr") if sub_name else ():
             if isinstance(getattr(sub, str(node.target), None), FakeTensor):
@@ -427,9 +430,8 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list[Any]], Any], 
         return (lambda ins: ()), None  # nothing computed: every output is an input
     if backend == "fx":
         return (lambda ins: gm(*ins)), None
-    import torch._inductor.config as inductor_config
-    from torch._inductor.compile_fx import compile_fx_inner
-
+    from .._torch.inductor import compile_fx_inner
+    from .._torch.inductor import config as inductor_config
     from ._jit_passes import BatchOneBmm, PostGrad
 
     cpu = all(x.device.type == "cpu" for x in t.fakes)
@@ -455,7 +457,7 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list[Any]], Any], 
     }
     with _tracing(), inductor_config.patch(options), _fake_mode_of(gm, t.fakes):
         compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
-    run = compiled.current_callable  # type: ignore[attr-defined]
+    run = compiled.current_callable
     # inductor's C++ shim appends the graph's tensor constants to the inputs: only a
     # graph without constants may skip it (else the entry reads past its inputs)
     if not gm.graph.find_nodes(op="get_attr"):
@@ -467,14 +469,12 @@ def _fake_mode_of(gm: torch.fx.GraphModule, fakes: list[Any]) -> Any:
     """A graph without tensor inputs: its trace's fake mode made current, which inductor
     would otherwise replace by one without a ShapeEnv (in which its lowering of a loop
     op fails: "DataDependentOutputException: aten._local_scalar_dense")."""
-    from torch._subclasses.fake_tensor import FakeTensor
-
     if fakes:
         return contextlib.nullcontext()
     for node in gm.graph.nodes:
         v = node.meta.get("val")
         if isinstance(v, FakeTensor):
-            return torch._guards.tracing(torch._guards.TracingContext(v.fake_mode))
+            return tracing(TracingContext(v.fake_mode))
     return contextlib.nullcontext()
 
 
@@ -500,7 +500,6 @@ def _direct(run: Callable[..., Any]) -> Callable[..., Any]:
     if getattr(run, "__name__", "") != "g" or not cells or len(cells) != 1:
         return run
     entry = cells[0].cell_contents
-    aoti = getattr(torch._C, "_aoti", None)
     alloc = getattr(aoti, "unsafe_alloc_void_ptrs_from_tensors", None)
     steal = getattr(aoti, "alloc_tensors_by_stealing_from_void_ptrs", None)
     if type(entry).__name__ != "builtin_function_or_method" or alloc is None or steal is None:

@@ -39,6 +39,18 @@ import torch
 from torch import Tensor
 
 from .._td._tree import NAMESPACE
+from .._torch import fake as ft
+from .._torch import functorch
+from .._torch.fake import FakeTensor, detect_fake_mode
+from .._torch.functorch import (
+    coerce_cinterpreter,
+    restore_vmap,
+    retrieve_all_functorch_interpreters,
+    unwrap_batched,
+    wrap_batched,
+)
+from .._torch.hop import scan as hop_scan
+from .._torch.hop import scan_op
 from ._loop_checks import LoopWarning, _split, check_carry, y_leaves
 from ._loops_hoist import hoist_invariants
 
@@ -98,7 +110,6 @@ def abstract_step(f: Any, init: Any, xs_leaves: list[Any], xs_spec: Any) -> Any:
     traced (and dropped as dead code) under dynamo. A step that fake tensors cannot
     run (an op without a fake kernel, a value read in Python) runs on real zeros, its
     result thrown away."""
-    from torch._subclasses import fake_tensor as ft
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
     from ._loop_index import index_mode
@@ -193,7 +204,7 @@ def _body(f, init_leaves, init_spec, xs_spec, box: list[Any] | None):
     return body
 
 
-_F = torch._C._functorch
+_F = functorch.C
 _CONTIGUOUS = torch.contiguous_format
 
 
@@ -213,8 +224,6 @@ def _finish(out: list[Any], init_spec, y_spec, n_init: int, reverse: bool):
 
 
 def _dynamo(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
-    from torch._higher_order_ops.scan import scan as hop_scan
-
     # the first step, outside the op: y's structure and the carry check (dead code after)
     x0 = None
     if xs_spec is not None:
@@ -236,7 +245,6 @@ def _dynamo(f, init, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
 
 
 def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
-    from torch._higher_order_ops.scan import scan_op
     from torch.fx.experimental import proxy_tensor
 
     tracer = proxy_tensor._CURRENT_MAKE_FX_TRACER
@@ -267,8 +275,6 @@ def _make_fx(f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse):
 
 def _vmap_on_top() -> Any:
     """The innermost functorch transform when it is a vmap, else None."""
-    from torch._functorch.pyfunctorch import coerce_cinterpreter
-
     top = _F.peek_interpreter_stack()
     if top is None or top.key() != _F.TransformType.Vmap:
         return None
@@ -285,8 +291,6 @@ def _batch_first(vmap, f, init_leaves, init_spec, xs_leaves, xs_spec, n, reverse
     most of the learning loop's time beyond the matmuls (notes/transforms.md). The loop
     below runs one vmap level lower (nested vmaps: one level at a time), the step
     rewrapped with ``restore_vmap`` as torch's own rule does."""
-    from torch._functorch.vmap import restore_vmap, unwrap_batched, wrap_batched
-
     level, size = vmap.level(), vmap.batch_size()
     closed = _mapped_cells(f, level)  # mapped tensors f closes over: extra carries
     if closed is None:
@@ -449,9 +453,7 @@ def _at(t: Tensor, d: int | None, dim: int, size: int) -> Tensor:
 
 
 def _under_grad() -> bool:
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
-    grad = (torch._C._functorch.TransformType.Grad, torch._C._functorch.TransformType.Jvp)
+    grad = (_F.TransformType.Grad, _F.TransformType.Jvp)
     return any(i.key() in grad for i in retrieve_all_functorch_interpreters())
 
 
@@ -525,15 +527,11 @@ def _constant_of(owner: Any, graph: torch.fx.Graph, node: Any, value: Tensor) ->
 
 
 def _is_fake(t: Tensor) -> bool:
-    from torch._subclasses.fake_tensor import FakeTensor
-
     return isinstance(t, FakeTensor)
 
 
 def _as_fake(t: Tensor) -> Tensor:
     """``t`` as a fake tensor of the trace's fake mode (a node's ``meta["val"]``)."""
-    from torch._guards import detect_fake_mode
-
     mode = detect_fake_mode()
     if mode is None or _is_fake(t):
         return t

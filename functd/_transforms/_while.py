@@ -36,6 +36,15 @@ import torch
 from torch import Tensor
 
 from .._td._tree import NAMESPACE
+from .._torch import functorch
+from .._torch.functorch import (
+    restore_vmap,
+    retrieve_all_functorch_interpreters,
+    unwrap_batched,
+    wrap_batched,
+)
+from .._torch.hop import while_loop as hop_while
+from .._torch.hop import while_loop_op
 from ._loop_checks import _weak_result, check_carry
 from ._loops_hop import (
     _at,
@@ -52,7 +61,7 @@ from ._vmap import TransformError
 
 __all__ = ["fori_while", "while_loop"]
 
-_F = torch._C._functorch
+_F = functorch.C
 
 NOT_CALLABLE = "fd.while_loop: {what} must be a callable {sig}; got {kind}."
 INIT_LEAF = (
@@ -248,8 +257,6 @@ def _run(
         if tracer is not None and tracer.fx_tracer is not None:
             return _traced(tracer.fx_tracer, cond_flat, body_flat, leaves, where)
         if torch.compiler.is_dynamo_compiling():
-            from torch._higher_order_ops.while_loop import while_loop as hop_while
-
             return list(
                 hop_while(
                     lambda *c: cond_flat(list(c)),
@@ -341,14 +348,10 @@ def _refuse(where: str) -> Callable[[Tensor], None]:
 
 
 def _grad_levels() -> list[Any]:
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
     return [i for i in retrieve_all_functorch_interpreters() if i.key() == _F.TransformType.Grad]
 
 
 def _jvp_active() -> bool:
-    from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-
     return any(i.key() == _F.TransformType.Jvp for i in retrieve_all_functorch_interpreters())
 
 
@@ -375,8 +378,6 @@ def _batched(
     ones body changed (eager, body's first step then runs twice; traced, body is traced
     twice). 0-d carries (counters, bounds) are batched anyway: they cost nothing, and
     keeping them would mean that restart for every counter."""
-    from torch._functorch.vmap import unwrap_batched
-
     level = vmap.level()
     closed: list[Any] = []  # traced: mapped tensors cond/body close over ride in the carry
     if torch.compiler.is_compiling():
@@ -414,8 +415,6 @@ def _batched_loop(
     user: tuple[Any, ...],
 ) -> list[Any]:
     """One try of ``_batched``: the carries in ``keep`` unbatched, the others at dim 0."""
-    from torch._functorch.vmap import restore_vmap, wrap_batched
-
     level, size, rnd = vmap.level(), vmap.batch_size(), vmap.randomness()
     c0, e0, dims, e_dims = unwrapped
     n = len(c0)
@@ -472,8 +471,6 @@ def _traced(
     where: str,
 ):
     """The loop as torch's while_loop op in the trace, its closures made inputs."""
-    from torch._higher_order_ops.while_loop import while_loop_op
-
     if _jvp_active():
         raise TransformError(JIT_FORWARD.format(where=where))
     if _grad_levels():

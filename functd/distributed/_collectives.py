@@ -33,6 +33,8 @@ from torch import Tensor
 from .._td import TensorDict
 from .._td._tree import tree as fdtree
 from .._td._tree import unflatten_like
+from .._torch.functorch import is_wrapped
+from .._torch.ops import flatten_dense_tensors, unflatten_dense_tensors
 from ._faults import failed
 from ._group import all_gather_single, check_structure, reduce_scatter_single, resolve
 
@@ -133,7 +135,7 @@ def _pack(leaves: list[Tensor], b: _Bucket) -> Tensor:
         return torch.cat([x.reshape(-1) for x in parts])
     if len(parts) == 1:
         return parts[0].reshape(-1).clone()
-    return torch._C._nn.flatten_dense_tensors(parts)  # one C++ call (as DDP); copies
+    return flatten_dense_tensors(parts)  # one C++ call (as DDP); copies
 
 
 def _unpack(flat: Tensor, b: _Bucket, out: list[Any], lead: tuple[Any, ...] = ()) -> None:
@@ -142,7 +144,7 @@ def _unpack(flat: Tensor, b: _Bucket, out: list[Any], lead: tuple[Any, ...] = ()
         if len(b.idx) == 1:
             out[b.idx[0]] = flat.view(b.shapes[0])
             return
-        for i, v in zip(b.idx, torch._C._nn.unflatten_dense_tensors(flat, b.like)):
+        for i, v in zip(b.idx, unflatten_dense_tensors(flat, b.like)):
             out[i] = v
         return
     for i, piece, shape in zip(b.idx, flat.split(b.sizes, dim=-1), b.shapes):
@@ -153,7 +155,7 @@ _plans: dict[Any, Any] = {}  # (structure, cap) -> buckets; bounded, holds no te
 _MAX_PLANS = 256
 
 
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_wrapped = is_wrapped
 
 
 class Prepared(NamedTuple):

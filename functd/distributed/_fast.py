@@ -37,6 +37,8 @@ from torch import Tensor
 
 from .._td import TensorDict
 from .._td._tree import flat_leaves
+from .._torch.functorch import is_wrapped
+from .._torch.ops import flatten_dense_tensors, unflatten_dense_tensors
 from . import _group
 from ._collectives import _all_reduce, _issue, _pack, _prepare, _reduce_op, _unpack
 from ._faults import failed
@@ -47,11 +49,11 @@ _MAX_ENTRIES = 64  # layouts kept per group (cleared when full)
 _entries: weakref.WeakKeyDictionary[Any, Any] = (
     weakref.WeakKeyDictionary()
 )  # group -> {key: _Entry}
-_is_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_is_wrapped = is_wrapped
 _is_compiling = torch.compiler.is_compiling
 _monotonic = time.monotonic
-_flatten = torch._C._nn.flatten_dense_tensors  # one C++ copy, as DDP's buckets
-_unflatten = torch._C._nn.unflatten_dense_tensors  # views of the flat buffer
+_flatten = flatten_dense_tensors  # one C++ copy, as DDP's buckets
+_unflatten = unflatten_dense_tensors  # views of the flat buffer
 
 
 class _Rider(threading.local):

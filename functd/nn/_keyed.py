@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.overrides import TorchFunctionMode
 
 from .. import random as fr
+from .._torch.ops import VF
 from ._dropout import keyed_dropout
 from ._rnn import run_stack
 
@@ -326,7 +327,7 @@ def _rnn(name: str) -> Callable[..., Any]:
     (the same fused op, one layer each, no dropout) with keyed dropout in between.
     Padded inputs the fused op cannot take (under vmap, compiling) run functd's loop
     over time instead (``_rnn.run_stack``)."""
-    fused = getattr(torch._VF, name)
+    fused = getattr(VF, name)
     lstm = name == "lstm"  # its state is a pair (h, c); the others' one tensor
 
     def handler(mode, *args):
@@ -445,10 +446,10 @@ _HANDLERS: dict[Any, Callable[..., Any]] = {
     F.rrelu: _rrelu,
     torch.rrelu: _rrelu,
     F.gumbel_softmax: _gumbel_softmax,
-    torch._VF.lstm: _rnn("lstm"),
-    torch._VF.gru: _rnn("gru"),
-    torch._VF.rnn_tanh: _rnn("rnn_tanh"),
-    torch._VF.rnn_relu: _rnn("rnn_relu"),
+    VF.lstm: _rnn("lstm"),
+    VF.gru: _rnn("gru"),
+    VF.rnn_tanh: _rnn("rnn_tanh"),
+    VF.rnn_relu: _rnn("rnn_relu"),
     F.scaled_dot_product_attention: _sdpa,
     F.multi_head_attention_forward: _mha_forward,
 }

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .._torch.ops import native_multi_head_attention
 from ._sdpa import KEY_REQUIRED, _active, attention_math, dropout, fused_ok
 
 __all__ = ["Weights", "forward", "multi_head_attention_forward", "native_fast_path"]
@@ -124,7 +125,7 @@ def forward(
 # ``_native_multi_head_attention(query, key, value, embed_dim, num_head, qkv_weight,
 # qkv_bias, proj_weight, proj_bias, mask, need_weights, average_attn_weights,
 # mask_type)``); None if a torch lacks it: the general path then runs.
-_native_mha = getattr(torch, "_native_multi_head_attention", None)
+_native_mha = native_multi_head_attention
 _DEVICES = ("cpu", "cuda")  # torch's also admits the privateuse1 backend; we leave it out
 
 

@@ -35,6 +35,7 @@ from torch.nn.utils.rnn import PackedSequence
 from .. import random as fr
 from .._eager import plain
 from .._td import EMPTY, TensorDict
+from .._torch.ops import VF
 from ._base import Layer, ParamSpec, as_key, fan_in_bound, set_derived, uniform
 from ._dropout import Dropout
 from ._recurrent import elman_step, gru_step, lstm_step
@@ -345,7 +346,7 @@ class RNN(_RNNBase):
 
     @property
     def _fused(self) -> Any:
-        return torch._VF.rnn_tanh if self.nonlinearity == "tanh" else torch._VF.rnn_relu
+        return VF.rnn_tanh if self.nonlinearity == "tanh" else VF.rnn_relu
 
     def _step(
         self, gi: Tensor, h: Tensor, c: Any, w_hh: Tensor, b_hh: Any, w_hr: Any
@@ -373,7 +374,7 @@ class GRU(_RNNBase):
     """
 
     _gates: ClassVar[int] = 3
-    _fused: ClassVar[Any] = staticmethod(torch._VF.gru)
+    _fused: ClassVar[Any] = staticmethod(VF.gru)
 
     input_size: int
     hidden_size: int
@@ -421,7 +422,7 @@ class LSTM(_RNNBase):
     """
 
     _gates: ClassVar[int] = 4
-    _fused: ClassVar[Any] = staticmethod(torch._VF.lstm)
+    _fused: ClassVar[Any] = staticmethod(VF.lstm)
 
     input_size: int
     hidden_size: int
@@ -507,7 +508,7 @@ def run_stack(name: str, *args: Any) -> tuple[Tensor, ...]:
     return (out, h) if c is None else (out, h, c)
 
 
-_FUSED = {n: getattr(torch._VF, n) for n in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
+_FUSED = {n: getattr(VF, n) for n in ("lstm", "gru", "rnn_tanh", "rnn_relu")}
 
 
 _STACKS: dict[tuple[Any, ...], _RNNBase] = {}  # config (str, ints, bools) -> layer

@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .. import random as fr
+from .._torch.functorch import TransformType, are_transforms_active, get_interpreter_stack
+from .._torch.ops import safe_softmax
 from ._base import as_key
 
 __all__ = ["scaled_dot_product_attention"]
@@ -34,10 +36,10 @@ KEY_REQUIRED = (
     "`key=fd.random.key(0)` (split a fresh key for each step), or `dropout_p=0.0`."
 )
 
-_safe_softmax = torch.ops.aten._safe_softmax.default  # softmax; 0 on fully masked rows
-_active = torch._C._are_functorch_transforms_active  # a constant to dynamo
-_stack = getattr(torch._C._functorch, "get_interpreter_stack", None)
-_GRAD = torch._C._functorch.TransformType.Grad
+_safe_softmax = safe_softmax  # softmax; 0 on fully masked rows
+_active = are_transforms_active  # a constant to dynamo
+_stack = get_interpreter_stack
+_GRAD = TransformType.Grad
 
 
 def fused_ok() -> bool:

@@ -1,0 +1,65 @@
+"""torch's private APIs in one room: every ``torch._*`` name functd uses is imported
+here, in one module per area, and nowhere else (tests/test_layers.py refuses a
+``torch._`` access outside this package, but for the ``torch._foreach_*`` ops that
+torch.optim itself runs).
+
+Each module names, for each private object, what functd uses it for and from which
+torch version it behaves as used; notes/torch-private.md lists them with what would
+replace each once torch makes it public. The version gates live here too:
+``TORCH_VERSION`` and ``requires``.
+
+- ``functd._torch.functorch``: torch.func's interpreter stack and wrapper tensors.
+- ``functd._torch.ops``: C++ entry points (``torch._VF``'s fused RNNs, DDP's flatten,
+  the dispatch-stack and autocast probes, ``OpOverload``).
+- ``functd._torch.fake``: fake tensors and the tracing context (fd.jit's traces).
+- ``functd._torch.hop``: the ``scan`` and ``while_loop`` higher-order ops (fd.scan,
+  fd.while_loop under dynamo and fd.jit).
+- ``functd._torch.dynamo``: dynamo's counters and tensor guards (imports
+  ``torch._dynamo``: import it lazily).
+- ``functd._torch.inductor``: inductor's config, compile entry, passes and
+  decompositions (imports ``torch._inductor``: import it lazily).
+
+This package imports torch only (it sits in the lowest layer: every room may import it).
+
+>>> from functd._torch import TORCH_VERSION, requires
+>>> TORCH_VERSION >= (2, 0)
+True
+>>> requires((2, 0), "fd.scan")  # silent on a torch that has it
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+__all__ = ["TORCH_VERSION", "requires"]
+
+
+def _parse(version: str) -> tuple[int, int]:
+    """``"2.13.0+cpu"`` -> ``(2, 13)``; a dev build ``"2.15.0a0+git..."`` -> ``(2, 15)``."""
+    m = re.match(r"(\d+)\.(\d+)", version)
+    if m is None:
+        raise RuntimeError(f"functd: cannot read torch's version {version!r} (torch.__version__)")
+    return int(m.group(1)), int(m.group(2))
+
+
+#: The installed torch as ``(major, minor)``: compare it with a tuple,
+#: ``TORCH_VERSION >= (2, 13)``.
+TORCH_VERSION: tuple[int, int] = _parse(str(torch.__version__))
+
+
+def requires(version: tuple[int, int], feature: str) -> None:
+    """Raise a clear error when the installed torch is older than ``version``, the first
+    one that has ``feature`` (a name the user knows: ``"fd.jit of fd.scan"``).
+
+    >>> requires((99, 0), "a feature")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    RuntimeError: a feature needs torch>=99.0; this is torch ...: upgrade torch...
+    """
+    if version > TORCH_VERSION:
+        raise RuntimeError(
+            f"{feature} needs torch>={version[0]}.{version[1]}; this is torch "
+            f"{torch.__version__}: upgrade torch (pip install -U 'torch>="
+            f"{version[0]}.{version[1]}')"
+        )

@@ -1,0 +1,44 @@
+"""functd._torch's version gates: ``TORCH_VERSION`` and ``requires``."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.torch_version import TorchVersion
+
+from functd._torch import TORCH_VERSION, _parse, requires
+
+
+def test_torch_version_matches_torchs_own_parse():
+    v = TorchVersion(torch.__version__)
+    # torch's own comparison of its version with a tuple brackets ours
+    assert v >= TORCH_VERSION
+    assert v < (TORCH_VERSION[0], TORCH_VERSION[1] + 1)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("2.13.0+cpu", (2, 13)), ("2.15.0a0+git1234", (2, 15)), ("3.0.1", (3, 0))],
+)
+def test_parse_reads_release_local_and_dev_builds(text, expected):
+    assert _parse(text) == expected
+
+
+def test_parse_refuses_an_unreadable_version():
+    with pytest.raises(RuntimeError, match=r"functd: cannot read torch's version 'dev'"):
+        _parse("dev")
+
+
+def test_requires_is_silent_on_a_torch_that_has_the_feature():
+    assert requires(TORCH_VERSION, "fd.scan") is None
+    assert requires((TORCH_VERSION[0] - 1, 0), "fd.scan") is None
+
+
+def test_requires_names_the_feature_and_both_versions():
+    need = (TORCH_VERSION[0], TORCH_VERSION[1] + 1)
+    with pytest.raises(RuntimeError) as e:
+        requires(need, "fd.jit of fd.scan on the CPU")
+    msg = str(e.value)
+    assert msg.startswith(f"fd.jit of fd.scan on the CPU needs torch>={need[0]}.{need[1]};")
+    assert f"this is torch {torch.__version__}" in msg
+    assert "upgrade torch" in msg
