@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
 PYTEST_ARGS ?=
 
-.PHONY: demo examples test bench gpu-check lint format clean venv docs typecheck wheel-check wheel
+.PHONY: demo examples test test-newest bench gpu-check lint format clean venv docs typecheck wheel-check wheel
 
 venv: $(STAMP)
 
@@ -51,6 +51,15 @@ examples: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite against the newest torch pip serves here, in a venv of its own (.venv-newest:
+# a CUDA build of several GB on x86_64), so a new torch release is one command from a
+# verdict. Each run asks pip again (--upgrade), reinstalls functd there, runs the suite.
+test-newest:
+	test -x .venv-newest/bin/python || $(PYTHON) -m venv .venv-newest
+	.venv-newest/bin/python -m pip install -q --disable-pip-version-check --upgrade torch
+	rm -f .venv-newest/.installed-*
+	$(MAKE) test VENV=.venv-newest TORCH=torch PYTEST_ARGS="$(PYTEST_ARGS)"
 
 bench: $(STAMP)
 	for f in $$(ls benchmarks/*.py | grep -v gpu_check); do echo "== $$f"; $(BIN)/python $$f || exit 1; done
