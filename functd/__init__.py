@@ -7,6 +7,8 @@ Example:
     ('x', 'y')
 """
 
+# first: an unsupported torch gets one clear ImportError before anything else meets it
+from . import _torch
 from . import distributed as distributed
 from . import nn as nn
 from . import optim as optim

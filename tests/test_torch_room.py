@@ -42,3 +42,28 @@ def test_requires_names_the_feature_and_both_versions():
     assert msg.startswith(f"fd.jit of fd.scan on the CPU needs torch>={need[0]}.{need[1]};")
     assert f"this is torch {torch.__version__}" in msg
     assert "upgrade torch" in msg
+
+
+def test_an_older_torch_gets_one_clear_import_error():
+    """`import functd` on a torch older than the supported range (torch.__version__
+    patched before the import, in a fresh interpreter) raises one ImportError naming the
+    installed and the required versions; pyproject.toml declares the same range."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from functd._torch import NEWEST_TESTED, OLDEST
+
+    code = "import torch; torch.__version__ = '2.10.0'\nimport functd"
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode != 0
+    last = run.stderr.strip().splitlines()[-1]
+    assert last == (
+        f"ImportError: functd needs torch>={OLDEST[0]}.{OLDEST[1]} (tested on "
+        f"{OLDEST[0]}.{OLDEST[1]} to {NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}); this Python has "
+        f"torch 2.10.0. Upgrade torch: pip install 'torch>={OLDEST[0]}.{OLDEST[1]},"
+        f"<{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}'"
+    ), run.stderr
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
+    declared = f"torch>={OLDEST[0]}.{OLDEST[1]},<{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}"
+    assert f'dependencies = ["{declared}",' in pyproject

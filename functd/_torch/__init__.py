@@ -33,7 +33,7 @@ import re
 
 import torch
 
-__all__ = ["TORCH_VERSION", "requires"]
+__all__ = ["NEWEST_TESTED", "OLDEST", "TORCH_VERSION", "requires"]
 
 
 def _parse(version: str) -> tuple[int, int]:
@@ -63,3 +63,17 @@ def requires(version: tuple[int, int], feature: str) -> None:
             f"{torch.__version__}: upgrade torch (pip install -U 'torch>="
             f"{version[0]}.{version[1]}')"
         )
+
+
+#: The oldest and newest torch releases (major, minor) the whole suite passes on; the
+#: range pyproject.toml declares (``torch>=2.13,<2.15``; notes/torch-private.md).
+OLDEST: tuple[int, int] = (2, 13)
+NEWEST_TESTED: tuple[int, int] = (2, 14)
+
+if TORCH_VERSION < OLDEST:  # before any other functd module meets an older torch's API
+    raise ImportError(
+        f"functd needs torch>={OLDEST[0]}.{OLDEST[1]} (tested on {OLDEST[0]}.{OLDEST[1]} to "
+        f"{NEWEST_TESTED[0]}.{NEWEST_TESTED[1]}); this Python has torch {torch.__version__}. "
+        f"Upgrade torch: pip install 'torch>={OLDEST[0]}.{OLDEST[1]},<{NEWEST_TESTED[0]}."
+        f"{NEWEST_TESTED[1] + 1}'"
+    )
