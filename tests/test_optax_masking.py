@@ -20,19 +20,12 @@ import torch
 
 import functd as fd
 from functd.testing import assert_close
+from tests._support.optim_cases import optax_tree
 
 optim = fd.optim
 
 
-def _td(d):
-    def conv(v):
-        if isinstance(v, dict):
-            return {k: conv(x) for k, x in v.items()}
-        if isinstance(v, list | tuple):
-            return {str(i): conv(x) for i, x in enumerate(v)}
-        return torch.as_tensor(v)
-
-    return fd.TensorDict(conv(d), [])
+_td = optax_tree
 
 
 def _mask_dict(d):

@@ -90,3 +90,17 @@ CASES = {
     ),
     "lion": (lambda: fd.optim.lion(1e-3, weight_decay=0.5), None),
 }
+
+
+def optax_tree(d):
+    """An optax test's params/updates tree as a TensorDict of batch size []: dicts nest,
+    lists and tuples become entries "0", "1"..., numbers become tensors."""
+
+    def conv(v):
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, list | tuple):
+            return {str(i): conv(x) for i, x in enumerate(v)}
+        return torch.as_tensor(v)
+
+    return fd.TensorDict(conv(d), [])
