@@ -19,6 +19,7 @@ behaves as used on torch 2.13 and 2.14.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,13 +31,18 @@ __all__ = ["EXTRA_DIR", "aot_compile", "loader", "package"]
 EXTRA_DIR = "extra/"
 
 
-def aot_compile(gm: torch.fx.GraphModule, inputs: Sequence[Any], options: dict[str, Any]) -> list[Any]:
+def aot_compile(
+    gm: torch.fx.GraphModule, inputs: Sequence[Any], options: dict[str, Any]
+) -> list[Any]:
     """The files AOTInductor generates for ``gm`` (its C++ wrapper and kernels, their
     compile flags, the shared library built from them; weights), given example
     ``inputs`` (real tensors, in the graph's input order)."""
     from torch._inductor import aot_compile as compile_aot
 
-    files = compile_aot(gm, tuple(inputs), options={**options, "aot_inductor.package": True})
+    options = {**options, "aot_inductor.package": True}
+    with warnings.catch_warnings():  # torch 2.13 pickles a treespec for its cache key
+        warnings.filterwarnings("ignore", ".*LeafSpec.*", FutureWarning)
+        files = compile_aot(gm, tuple(inputs), options=options)
     if not isinstance(files, list):
         raise RuntimeError(f"functd: AOTInductor gave {type(files).__name__}, not its files")
     return files

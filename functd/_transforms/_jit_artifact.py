@@ -102,7 +102,8 @@ class Lowered:
         aot: Callable[[], Compiled] | None = None,
     ) -> None:
         self.signature, self.dynamic, self.graph, self.source = signature, dynamic, graph, source
-        self._aot, self._compiled = aot, None
+        self._aot = aot
+        self._compiled: Compiled | None = None
 
     def __str__(self) -> str:
         return f"# signature: {self.signature}\n# graph\n{self.graph}\n# code\n{self.source}"
@@ -114,11 +115,12 @@ class Lowered:
         """This signature compiled ahead of time (AOTInductor; once per ``Lowered``),
         callable like the jitted function with this signature. Compiles with inductor
         whatever the wrapper's ``backend``."""
-        if self._compiled is None:
+        compiled = self._compiled
+        if compiled is None:
             if self._aot is None:
                 raise RuntimeError("Lowered.compile(): this Lowered was not made by jit.lower")
-            self._compiled = self._aot()
-        return self._compiled
+            compiled = self._compiled = self._aot()
+        return compiled
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """``self.compile().save(path)``: write the artifact (a ``.pt2`` file)."""
@@ -197,7 +199,7 @@ def _where_built(flat: Flat) -> dict[str, Any]:
 def build(name: str, signature: str, flat: Flat, traced: Traced) -> Compiled:
     """The ``Compiled`` of a trace made for an artifact (``dyn=None``, nothing
     donated): its metadata, its AOTInductor package, loaded."""
-    leaves = optree.tree_leaves(traced.out, namespace=NAMESPACE)  # type: ignore[arg-type]
+    leaves = optree.tree_leaves(traced.out, namespace=NAMESPACE)
     sources: dict[int, list[Any]] = {}
     for k, i in enumerate(traced.out_computed):
         sources.setdefault(id(leaves[i]), ["c", k])
@@ -258,7 +260,9 @@ def _check_built_here(path: str, meta: dict[str, Any]) -> None:
     here = _where_built(Flat((), {}, {}))
     if meta["torch"] != here["torch"]:
         args = ("by torch", meta["torch"], "is torch", here["torch"])
-        raise RuntimeError(OTHER_BUILD.format(path=path, what=args[0], built=args[1], here=args[2], now=args[3]))
+        raise RuntimeError(
+            OTHER_BUILD.format(path=path, what=args[0], built=args[1], here=args[2], now=args[3])
+        )
     if meta["machine"] != here["machine"]:
         raise RuntimeError(
             OTHER_BUILD.format(

@@ -124,8 +124,7 @@ def _shown(leaf: list[Any]) -> str:
     if leaf[1] == "tensor":
         shape, dtype, _, device = leaf[2]
         return f"a {dtype.removeprefix('torch.')} tensor of shape {shape} on {device}"
-    kind, v = leaf[2]
-    return repr(_const(leaf[2])) if kind != "enum" else v
+    return _value(leaf[2])
 
 
 def mismatch(name: str, want: list[dict[str, Any]], got: list[dict[str, Any]]) -> str | None:
@@ -140,10 +139,10 @@ def mismatch(name: str, want: list[dict[str, Any]], got: list[dict[str, Any]]) -
         if a == b:
             continue
         n = a["name"]
-        if a["kind"] == "static" or b["kind"] == "static":
-            return f"{n}: expected {_shown(['', 'value', a.get('value')])}; got {_shown(['', 'value', b.get('value', ['str', '?'])])}"
+        if a["kind"] == "static" and b["kind"] == "static":
+            return f"{n}: expected the static value {_value(a['value'])}; got {_value(b['value'])}"
         if a["kind"] != b["kind"] or a["struct"] != b["struct"]:
-            return f"{n}: expected the structure {_struct(a)}; got {_struct(b)}"
+            return f"{n}: expected {_struct(a)}; got {_struct(b)}"
         for x, y in zip(a["leaves"], b["leaves"]):
             if x == y:
                 continue
@@ -155,11 +154,19 @@ def mismatch(name: str, want: list[dict[str, Any]], got: list[dict[str, Any]]) -
     return "the signature"
 
 
+def _value(tagged: list[Any]) -> str:
+    return str(tagged[1]) if tagged[0] == "enum" else repr(_const(tagged))
+
+
 def _struct(a: dict[str, Any]) -> str:
-    if a["kind"] == "td":
-        keys = [k for node in a["struct"] for k in node[0]]
-        return f"TensorDict(keys {keys}, batch sizes {[node[2] for node in a['struct']]})"
-    return a["kind"] if a["kind"] != "tree" else f"{a['struct'][0]}"
+    """An argument's structure in words: a TensorDict's keys and batch size."""
+    kind = a["kind"]
+    if kind == "td":
+        keys = [path for path, *_ in a["leaves"]]
+        return f"a TensorDict with keys {keys} and batch size {a['struct'][0][2]}"
+    if kind == "static":
+        return f"the static value {_value(a['value'])}"
+    return "a tensor" if kind == "tensor" else f"the tree {a['struct'][0]}"
 
 
 def outputs(out: Any, sources: dict[int, list[Any]], name: str) -> Any:
@@ -177,10 +184,13 @@ def outputs(out: Any, sources: dict[int, list[Any]], name: str) -> Any:
             return [t.__name__, [enc(w, f"{where}[{i}]") for i, w in enumerate(v)]]
         if t is dict:
             if not all(type(k) is str for k in v):
-                raise TypeError(BAD_NODE.format(name=name, where=where, kind="dict with keys that are not strings"))
+                kind = "dict with keys that are not strings"
+                raise TypeError(BAD_NODE.format(name=name, where=where, kind=kind))
             return ["dict", [[k, enc(w, f"{where}[{k!r}]")] for k, w in v.items()]]
         if optree.tree_is_leaf(v, namespace=NAMESPACE) or v is None:
-            return ["const", value(v, name, f"the output {where}")]
+            tagged = value(v, name, f"the output {where}")
+            if tagged[0] != "enum":  # (an enum would need its class imported to rebuild)
+                return ["const", tagged]
         raise TypeError(BAD_NODE.format(name=name, where=where, kind=t.__name__))
 
     return enc(out, "")
