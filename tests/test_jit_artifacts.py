@@ -9,6 +9,7 @@ returns an input passed through and constants. The reference is fd.jit's own cal
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import re
@@ -18,10 +19,10 @@ import zipfile
 
 import pytest
 import torch
-from tests._support.conformance import _tutorial_block
 
 import functd as fd
 from functd.testing import assert_close
+from tests._support.conformance import _tutorial_block
 
 pytestmark = pytest.mark.compile
 
@@ -98,8 +99,8 @@ def test_a_saved_artifact_runs_in_a_fresh_process_like_the_jitted_call(saved, tm
     assert run.returncode == 0, run.stderr
     got = torch.load(result, weights_only=True)
     assert list(got) == list(want.keys())  # the same keys in the same order
-    for k in want.keys():
-        assert_close(got[k], want[k])
+    for k, v in want.items():
+        assert_close(got[k], v)
 
 
 def test_lower_keeps_its_fields_and_compile_gives_the_jitted_values(saved):
@@ -189,3 +190,33 @@ def test_a_file_that_is_not_an_artifact_is_refused(tmp_path):
     os.chmod(tmp_path, 0o700)
     with pytest.raises(ValueError, match=r"not an artifact of fd\.jit .*Lowered\.save"):
         fd.load_compiled(path)
+
+
+def test_an_artifact_that_computes_nothing_needs_no_compile(tmp_path):
+    td = _inputs()[1]
+    lowered = fd.jit(lambda td, n: (td, n, None), backend="fx").lower(td, 3)
+    lowered.save(tmp_path / "same.pt2")
+    os.chmod(tmp_path, 0o700)
+    out, n, none = fd.load_compiled(tmp_path / "same.pt2")(td, 3)
+    assert out is not td and out["x"] is td["x"] and out.batch_size == td.batch_size
+    assert (n, none) == (3, None)
+    with pytest.raises(TypeError, match=r"args\[1\]: expected 3; got 4\. "):
+        lowered.compile()(td, 4)
+
+
+def test_outputs_and_static_values_json_cannot_hold_are_refused_when_compiled():
+    td = _inputs()[1]
+    point = collections.namedtuple("point", "x y")
+    with pytest.raises(
+        TypeError,
+        match=r"the output is a point; a saved artifact rebuilds "
+        r"TensorDicts, tuples, lists and dicts",
+    ):
+        fd.jit(lambda td: point(td["x"], 1), backend="fx").lower(td).compile()
+    jitted = fd.jit(lambda td, f: f(td["x"]), static_argnums=1, backend="fx")
+    with pytest.raises(
+        TypeError,
+        match=r"the static argument args\[1\] is a builtin_function_or"
+        r"_method; a saved artifact compares non-tensor inputs .* by value",
+    ):
+        jitted.lower(td, torch.tanh).compile()

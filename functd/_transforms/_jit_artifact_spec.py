@@ -43,7 +43,7 @@ BAD_VALUE = (
     "then baked into the compiled code), or pass it as a tensor."
 )
 BAD_NODE = (
-    "{name}: the output {where} is a {kind}; a saved artifact rebuilds TensorDicts, "
+    "{name}: the output{where} is a {kind}; a saved artifact rebuilds TensorDicts, "
     "tuples, lists and dicts (string keys) of tensors and plain values without importing "
     "your code. Return a dict or a TensorDict instead (a named tuple: its ._asdict())."
 )
@@ -188,7 +188,7 @@ def outputs(out: Any, sources: dict[int, list[Any]], name: str) -> Any:
                 raise TypeError(BAD_NODE.format(name=name, where=where, kind=kind))
             return ["dict", [[k, enc(w, f"{where}[{k!r}]")] for k, w in v.items()]]
         if optree.tree_is_leaf(v, namespace=NAMESPACE) or v is None:
-            tagged = value(v, name, f"the output {where}")
+            tagged = value(v, name, f"the output{where}")
             if tagged[0] != "enum":  # (an enum would need its class imported to rebuild)
                 return ["const", tagged]
         raise TypeError(BAD_NODE.format(name=name, where=where, kind=t.__name__))
