@@ -155,7 +155,7 @@ class Compiled:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self._static:
-            args = tuple(Static(a) if i in self._static else a for i, a in enumerate(args))
+            args = tuple(_static(a) if i in self._static else a for i, a in enumerate(args))
         flat = Flat(args, kwargs, {})
         why = mismatch(self._name, self._meta["inputs"], inputs(flat, self._name))
         if why is not None:
@@ -184,8 +184,18 @@ class Compiled:
             raise
 
 
-def _where_built(flat: Flat) -> dict[str, Any]:
-    devices = flat.devices
+def _static(v: Any) -> Any:
+    """A static argument as fd.jit wraps it (an unhashable one as it is: the
+    signature check then names it)."""
+    try:
+        return Static(v)
+    except TypeError:
+        return v
+
+
+def _where_built(devices: set[torch.device]) -> dict[str, Any]:
+    """The torch, machine and CPU/CUDA capabilities code for ``devices`` is built for
+    (the CPU's too when a CPU tensor is among them, or no tensor at all)."""
     cuda = {str(d): list(torch.cuda.get_device_capability(d)) for d in devices if d.type == "cuda"}
     cpu = not cuda or any(d.type == "cpu" for d in devices)
     return {
@@ -206,7 +216,7 @@ def build(name: str, signature: str, flat: Flat, traced: Traced) -> Compiled:
     for i, j in traced.passthrough:
         sources.setdefault(id(leaves[i]), ["i", j])
     meta = {"format": FORMAT, "version": VERSION, "function": name, "signature": signature}
-    meta.update(_where_built(flat))
+    meta.update(_where_built(flat.devices))
     meta.update(inputs=inputs(flat, name), outputs=outputs(traced.out, sources, name))
     meta["computed"] = len(traced.out_computed)
     files = aoti.aot_compile(traced.gm, flat.tensors, _OPTIONS) if meta["computed"] else None
@@ -257,7 +267,7 @@ def _read_meta(path: str, blob: bytes) -> dict[str, Any]:
 
 
 def _check_built_here(path: str, meta: dict[str, Any]) -> None:
-    here = _where_built(Flat((), {}, {}))
+    here = _where_built(set())
     if meta["torch"] != here["torch"]:
         args = ("by torch", meta["torch"], "is torch", here["torch"])
         raise RuntimeError(
