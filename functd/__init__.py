@@ -51,6 +51,7 @@ from ._transforms._cuda_graph import CudaGraphWarning as CudaGraphWarning
 from ._transforms._cuda_graph import cuda_graph as cuda_graph
 from ._transforms._jit import JitWarning as JitWarning
 from ._transforms._jit import jit as jit
+from ._transforms._jit_artifact import load_compiled as load_compiled
 from ._transforms._loops import LoopWarning as LoopWarning
 from ._transforms._loops import fori_loop as fori_loop
 from ._transforms._loops import scan as scan

@@ -47,6 +47,7 @@ from .._td._tree import NAMESPACE
 from .._torch.functorch import peek_interpreter_stack
 from .._torch.ops import any_autocast
 from ._cuda_graph import _CudaRecorder, _Graphed
+from ._jit_artifact import Compiled, Lowered, build
 from ._jit_code import make_match, make_outputs
 from ._jit_options import checked
 from ._jit_trace import Static, compile_graph, trace
@@ -109,18 +110,6 @@ class CacheInfo(NamedTuple):
     calls: int  # calls answered by compiled code (the first call of a signature too)
     size: int  # compiled entries held now
     maxsize: int
-
-
-class Lowered(NamedTuple):
-    """What ``jstep.lower(*args)`` shows for the signature of ``args``."""
-
-    signature: str  # the call's signature, in words
-    dynamic: tuple  # per input tensor, the dims that are symbolic
-    graph: str  # the traced FX graph (ATen ops after inductor's decompositions)
-    source: str | None  # inductor's generated code (None with backend="fx")
-
-    def __str__(self) -> str:
-        return f"# signature: {self.signature}\n# graph\n{self.graph}\n# code\n{self.source}"
 
 
 def _plain(v: Any) -> bool:
@@ -280,16 +269,28 @@ class _Jitted(Generic[_P, _R]):
 
     def lower(self, *args: Any, **kwargs: Any) -> Lowered:
         """The traced graph and the compiled code for the signature of ``args``
-        (compiled now when it is not cached yet; a later call of it is then free).
+        (compiled now when it is not cached yet; a later call of it is then free);
+        ``.save(path)`` writes an artifact that ``fd.load_compiled(path)`` runs.
 
         Example:
-            >>> print(fd.jit(block).lower(params, td).source)
+            >>> fd.jit(block).lower(params, td).save("block.pt2")
         """
         args = self._wrap_static(args)
         flat = Flat(args, kwargs, {})
         with self._lock:
             entry = self._entry(flat, args, kwargs)
-        return Lowered(self._describe(flat), entry.dyn or (), entry.graph, entry.source)
+        sig, name = self._describe(flat), self._name()
+
+        def aot() -> Compiled:  # Lowered.compile(): traced again, static, nothing donated
+            with _TRACE_LOCK:
+                outer, _TRACING[0] = _TRACING[0], _get_ident()
+                try:
+                    traced = trace(self._f, name, flat, args, kwargs, None, frozenset())
+                    return build(name, sig, flat, traced)
+                finally:
+                    _TRACING[0] = outer
+
+        return Lowered(sig, entry.dyn or (), entry.graph, entry.source, aot)
 
     # ------------------------------------------------------------ calls
     def _fname(self) -> str:
