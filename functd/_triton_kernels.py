@@ -140,7 +140,7 @@ def draw_kernel(
         c = i.to(tl.int64) + first.to(tl.int64)
         x0, x1 = threefry2x32(k0, k1, (c >> 32).to(tl.uint32), (c & 0xFFFFFFFF).to(tl.uint32))
     else:
-        x0, x1 = threefry2x32(k0, k1, tl.zeros_like(k0), (i + first).to(tl.uint32))
+        x0, x1 = threefry2x32(k0, k1, 0, (i + first).to(tl.uint32))
     _emit(out, j, live, x0, x1, a, b, MODE)
 
 
@@ -196,6 +196,6 @@ def fold_kernel(keys, data, out, total, KEY_STEP: tl.constexpr, DATA_STEP: tl.co
     k0 = tl.load(keys + 2 * kj, mask=live, other=0).to(tl.uint32, bitcast=True)
     k1 = tl.load(keys + 2 * kj + 1, mask=live, other=0).to(tl.uint32, bitcast=True)
     d = tl.load(data + j * DATA_STEP, mask=live, other=0).to(tl.uint32, bitcast=True)
-    x0, x1 = threefry2x32(k0, k1, tl.zeros_like(d), d)
+    x0, x1 = threefry2x32(k0, k1, 0, d)
     tl.store(out + 2 * j, x0.to(tl.int32, bitcast=True), mask=live)
     tl.store(out + 2 * j + 1, x1.to(tl.int32, bitcast=True), mask=live)

@@ -1,0 +1,291 @@
+"""functd.random's Triton kernels (functd/_triton_kernels.py, the CUDA draws), run on
+CPU tensors by Triton's interpreter against the CPU kernel (functd._fused_ext) and the
+pure path: every mode, shape class, dtype, single and batched keys, under fd.vmap, and
+the dispatch that picks them for CUDA keys.
+
+The interpreter has no libdevice: where the kernel calls libdevice's ``log1p`` and
+``sqrt_rn`` (on CUDA: the functions torch's CUDA ``log1p``/``sqrt`` compute), these
+tests give it torch's CPU ``log1p``/``sqrt``, the ones the CPU kernel uses, so the
+normal's formula and op order are checked bit for bit here; the CUDA-marked test checks
+the libdevice pair against torch's CUDA ops on a GPU.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import functd as fd
+import functd.random as fr
+from functd import _fused
+from tests._support import random_cases
+
+pytest.importorskip("triton", reason="triton is not installed (the `gpu` extra installs it)")
+
+_MODULES = ("functd._triton_kernels", "functd._triton_draws")
+
+
+def _torch_libdevice():
+    """libdevice's ``log1p``/``sqrt_rn`` for the interpreter, as torch's CPU ops."""
+    import triton.language as tl
+    from triton.runtime.interpreter import TensorHandle
+
+    def lift(op):
+        def fn(x, _semantic=None):
+            y = op(torch.from_numpy(np.ascontiguousarray(x.handle.data))).numpy()
+            return tl.core.tensor(TensorHandle(y, x.handle.dtype), x.type)
+
+        return fn
+
+    return types.SimpleNamespace(log1p=lift(torch.log1p), sqrt_rn=lift(torch.sqrt))
+
+
+@pytest.fixture(scope="module")
+def td():
+    """``functd._triton_draws`` with its kernels imported under ``TRITON_INTERPRET=1``
+    (Triton reads it when a kernel is decorated), 128-element blocks (several programs
+    and a tail on small draws); the modules are put back afterwards."""
+    saved = {m: sys.modules.pop(m) for m in _MODULES if m in sys.modules}
+    mp = pytest.MonkeyPatch()
+    mp.setenv("TRITON_INTERPRET", "1")
+    try:
+        draws = importlib.import_module("functd._triton_draws")
+        assert draws.available() is None
+        from triton.runtime.interpreter import InterpretedFunction
+
+        assert isinstance(draws._kernels.draw_kernel, InterpretedFunction)
+        mp.setattr(draws._kernels, "libdevice", _torch_libdevice())
+        mp.setattr(draws, "BLOCK", 128)
+        yield draws
+    finally:
+        mp.undo()
+        for m in _MODULES:
+            sys.modules.pop(m, None)
+        sys.modules.update(saved)
+
+
+SIGNED = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def assert_bitwise(a: torch.Tensor, b: torch.Tensor):
+    assert a.shape == b.shape and a.dtype == b.dtype
+    if a.dtype.is_floating_point:
+        a, b = a.view(SIGNED[a.itemsize]), b.view(SIGNED[b.itemsize])
+    assert torch.equal(a, b)
+
+
+TINY = torch.finfo(torch.float32).tiny
+# name -> (mode, dtype, a, b, the CPU draw it must equal)
+MODES = {
+    "bits32": ("BITS32", torch.int32, 0.0, 0.0, lambda k, s: fr.bits(k, s)),
+    "bits64": ("BITS64", torch.int64, 0.0, 0.0, lambda k, s: fr.bits(k, s, torch.int64)),
+    "uniform32": ("UNIT32", torch.float32, 0.0, 0.0, lambda k, s: fr.uniform(k, s)),
+    "uniform64": ("UNIT64", torch.float64, 0.0, 0.0, lambda k, s: fr.uniform(k, s, torch.float64)),
+    "uniform16": ("UNIT16", torch.float16, 0.0, 0.0, lambda k, s: fr.uniform(k, s, torch.float16)),
+    "uniform_bf16": (
+        "UNITBF16", torch.bfloat16, 0.0, 0.0, lambda k, s: fr.uniform(k, s, torch.bfloat16)
+    ),
+    "uniform_range": (
+        "RANGE32", torch.float32, 5.0, -2.0, lambda k, s: fr.uniform(k, s, minval=-2.0, maxval=3.0)
+    ),
+    "affine32": (
+        "AFFINE32", torch.float32, 1.0, TINY,
+        lambda k, s: _fused.run(_fused.MODE_AFFINE32, k, s, torch.float32, 1.0, TINY),
+    ),
+    "neg32": ("NEG32", torch.float32, 0.0, 0.0,
+              lambda k, s: _fused.run(_fused.MODE_NEG32, k, s, torch.float32)),
+    "normal32": ("NORMAL32", torch.float32, 0.0, 0.0, lambda k, s: fr.normal(k, s)),
+    "split": ("PAIRS", torch.int32, 0.0, 0.0, lambda k, s: fr.split(k, s)),
+}  # fmt: skip
+# (key batch, shape): a scalar, past one 128-element block with a tail, batched keys, a
+# 2-d batch of a 2-d shape, an empty draw
+CLASSES = [((), ()), ((), (129,)), ((3,), (5,)), ((2, 2), (3, 7)), ((3,), (0,))]
+
+
+def keys_of(batch: tuple[int, ...], seed: int = 7) -> torch.Tensor:
+    return fr.split(fr.key(seed), batch) if batch else fr.key(seed)
+
+
+@pytest.mark.parametrize("name", sorted(MODES))
+def test_every_mode_equals_the_cpu_kernel_on_every_shape_class(td, name):
+    mode, dtype, a, b, cpu = MODES[name]
+    for batch, shape in CLASSES:
+        k = keys_of(batch, seed=len(shape) + 3 * len(batch))
+        got = td.run(k, getattr(td, f"MODE_{mode}"), shape, dtype, a, b)
+        assert_bitwise(got, cpu(k, shape))
+
+
+def test_large_draws_equal_the_cpu_kernel(td, monkeypatch):
+    # 1e5 values (the normal's second polynomial serves ~330 of them), in one block: the
+    # interpreter's cost is per program
+    monkeypatch.setattr(td, "BLOCK", 2**17)
+    z = td.run(fr.key(3), td.MODE_NORMAL32, (100_000,), torch.float32)
+    assert_bitwise(z, fr.normal(fr.key(3), (100_000,)))
+    assert (z.abs() > 2.9).sum() > 100  # (|x| > 0.9966: XLA's second polynomial)
+    keys = fr.split(fr.key(4), 2)
+    got = td.run(keys, td.MODE_BITS64, (50_001,), torch.int64)
+    assert_bitwise(got, fr.bits(keys, (50_001,), torch.int64))
+
+
+def test_fold_in_equals_the_cpu_kernel(td):
+    # an int datum (counters past 2**31: the 64-bit path) and tensor data broadcast
+    for k in (fr.key(1), fr.split(fr.key(2), 3)):
+        for data in (5, 2**32 - 1):
+            got = td.run(k, td.MODE_PAIRS, (), torch.int32, first=data)
+            assert_bitwise(got, fr.fold_in(k, data))
+    cases = [
+        (fr.key(1), torch.arange(5, dtype=torch.int32)),  # one key, many data
+        (fr.split(fr.key(2), 3), torch.tensor(9, dtype=torch.int32)),  # many keys, one datum
+        (fr.split(fr.key(3), 3), torch.tensor([7, -1, 2**31 - 1], dtype=torch.int32)),
+        (fr.split(fr.key(4), (3, 1)), torch.arange(4, dtype=torch.int32)),  # (3, 4)
+        (fr.key(5), torch.zeros(0, dtype=torch.int32)),
+    ]
+    for k, data in cases:
+        assert_bitwise(td.fold(k, data), fr.fold_in(k, data))
+
+
+@pytest.mark.parametrize("first", [2**32 - 5, 2**31 - 2])
+def test_counters_across_the_word_boundaries(td, first):
+    # element i hashes (i >> 32, i & 0xffffffff): across the low word's wrap, and across
+    # 2**31 (the kernel's 32-bit index path ends there)
+    keys = fr.split(fr.key(9), 2)
+    got = td.run(keys, td.MODE_BITS32, (200,), torch.int32, first=first)
+    assert_bitwise(got, _fused.run(_fused.MODE_BITS32, keys, (200,), torch.int32, first=first))
+
+
+def test_the_64_bit_index_path_gives_the_same_bits(td, monkeypatch):
+    monkeypatch.setattr(td, "_WIDE", 0)  # every draw takes it (else from 2**31 elements)
+    for name in ("bits32", "normal32", "split", "uniform64"):
+        mode, dtype, a, b, cpu = MODES[name]
+        k = fr.split(fr.key(5), 3)
+        assert_bitwise(td.run(k, getattr(td, f"MODE_{mode}"), (130,), dtype, a, b), cpu(k, (130,)))
+
+
+# -- the dispatch: CUDA keys take the kernels ---------------------------------------------
+
+
+@pytest.fixture
+def routed(td, monkeypatch):
+    """Plain and vmapped CPU keys routed as CUDA keys are (to the Triton launchers, run
+    by the interpreter); the launches counted as ``(name, key shape)``."""
+    serves = _fused._serves
+    monkeypatch.setattr(
+        _fused, "_serves", lambda k: how + 2 if (how := serves(k)) and _fused._TRITON else how
+    )
+    launches = []
+    counted = types.SimpleNamespace(
+        run=lambda key, *a: launches.append(("run", tuple(key.shape))) or td.run(key, *a),
+        fold=lambda key, *a: launches.append(("fold", tuple(key.shape))) or td.fold(key, *a),
+    )
+    monkeypatch.setattr(_fused, "_TRITON", counted)
+    return launches
+
+
+ONE_LAUNCH = ["bits", "bits64", "uniform", "uniform_range", "normal", "split", "fold_in"]
+SAMPLERS = {**random_cases.SAMPLERS, **random_cases.FUSED_EXTRA}
+
+
+@pytest.mark.parametrize(
+    "name", [*ONE_LAUNCH, "gumbel", "exponential", "uniform64", "bits_u8", "uniform_f16"]
+)
+def test_samplers_on_the_triton_path_equal_the_cpu_kernel(td, routed, name):
+    f = SAMPLERS[name]
+    k = fr.key(11) if name in ("split", "fold_in") else fr.split(fr.key(12), 3)
+    saved, _fused._TRITON = _fused._TRITON, None  # (the CPU kernel: not routed)
+    try:
+        want = f(k, (3, 5))
+    finally:
+        _fused._TRITON = saved
+    routed.clear()  # (the split above was routed too)
+    got = f(k, (3, 5))
+    assert_bitwise(got, want)
+    assert routed == [("run", tuple(k.shape))], routed
+
+
+def test_vmap_over_keys_is_one_launch_over_all_keys(routed):
+    keys = fr.split(fr.key(13), 4)
+    for name in ONE_LAUNCH:
+        f = SAMPLERS[name]
+        want = torch.stack([f(k, (6,)) for k in keys])
+        routed.clear()
+        got = fd.vmap(lambda k, f=f: f(k, (6,)))(keys)
+        assert_bitwise(got, want)
+        assert routed == [("run", (4, 2))], (name, routed)
+    # fold_in over batched data with a captured key, and nested vmap with in_dims=1
+    data = torch.arange(5, dtype=torch.int32)
+    want = fr.fold_in(keys[0], data)
+    routed.clear()
+    got = torch.func.vmap(lambda d: fr.fold_in(keys[0], d))(data)
+    assert_bitwise(got, want)
+    assert routed == [("fold", (1, 2))]  # (the captured key: a size-1 level dim)
+    grid = fr.split(fr.key(14), (3, 2))  # vmapped at in_dims=1, then 0: (2, 3) draws
+    want = fr.normal(grid.movedim(1, 0), (4,))
+    routed.clear()
+    got = torch.func.vmap(torch.func.vmap(lambda k: fr.normal(k, (4,))), in_dims=1)(grid)
+    assert_bitwise(got, want)
+    assert routed == [("run", (2, 3, 2))]
+
+
+def test_a_cuda_key_is_served_by_triton_outside_compile_and_grad(monkeypatch):
+    # no CUDA here: a meta key stands for one, with the device test answering yes
+    key = fr.key(0).to("meta")
+    assert _fused._serves(key) == _fused.PURE  # (not a CUDA key)
+    monkeypatch.setattr(_fused, "_cuda_key", lambda k: True)
+    assert _fused._serves(key) == _fused.CUDA_EAGER
+    seen = []
+    torch.func.vmap(lambda k: seen.append(_fused._serves(k)) or k)(torch.stack([key, key]))
+    torch.func.grad(lambda x: seen.append(_fused._serves(key)) or x.sum())(torch.ones(2))
+    assert seen == [_fused.CUDA_UNDER_VMAP, _fused.PURE]
+    assert _fused._serves(fr.key(0)) == _fused.EAGER  # CPU keys keep the CPU kernel
+
+
+def test_without_triton_cuda_keys_stay_pure(td, monkeypatch):
+    monkeypatch.setattr(td, "_kernels", None)
+    monkeypatch.setitem(sys.modules, "functd._triton_kernels", None)  # an import fails
+    why = td.available()
+    assert why is not None and why.startswith("triton does not import")
+
+
+def test_a_failed_launch_warns_once_and_draws_stay_pure(routed, monkeypatch):
+    def fail(*args):
+        raise RuntimeError("no kernel image for this GPU")
+
+    want = fr.uniform(fr.key(1), (4,))
+    monkeypatch.setattr(_fused._TRITON, "run", fail)
+    with pytest.warns(RuntimeWarning, match="Triton kernel for CUDA draws failed.*no kernel"):
+        assert_bitwise(fr.uniform(fr.key(1), (4,)), want)
+    assert _fused._TRITON is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_bitwise(fr.uniform(fr.key(1), (4,)), want)  # the pure path, silently
+
+
+def test_time_draws_times_each_kernel_and_torch(td):
+    out = td.time_draws(8, keys=2, device="cpu", reps=1)
+    assert set(out) == {"normal", "uniform", "bits", "split", "fold_in", "torch.randn",
+                        "torch.rand"}  # fmt: skip
+    assert all(v > 0 for v in out.values())
+
+
+@pytest.mark.cuda
+def test_cuda_draws_equal_the_cpu_kernel_and_the_pure_path_on_the_gpu():
+    # the real kernels (not the interpreter) against the CPU kernel, and the normal
+    # against the pure ops on the same GPU (torch's CUDA log1p/sqrt: libdevice's)
+    sys.modules.pop("functd._triton_draws", None) if "TRITON_INTERPRET" in sys.modules else None
+    keys = fr.split(fr.key(21), 3)
+    for name, f in SAMPLERS.items():
+        if name.startswith(("normal", "truncated", "gumbel", "exponential", "categorical")):
+            continue  # (torch's CUDA transcendentals: checked against the pure path below)
+        assert_bitwise(f(keys.cuda(), (1000,)).cpu(), f(keys, (1000,)))
+    saved, _fused._TRITON = _fused._TRITON, False
+    try:
+        pure = fr.normal(keys.cuda(), (2**20,))
+    finally:
+        _fused._TRITON = saved
+    assert_bitwise(fr.normal(keys.cuda(), (2**20,)), pure)
