@@ -153,12 +153,11 @@ def _serves(key: Tensor) -> int:
     ):
         return PURE
     if _transforms() is None:  # no torch.func level: only a plain key
-        how = EAGER if plain else PURE
-    else:
-        how = UNDER_VMAP if _VMAP_HOOKS and _vmap_only() else PURE
-    if cpu:
-        return how
-    return how and how + 2  # (CUDA_EAGER, CUDA_UNDER_VMAP)
+        if cpu:
+            return EAGER if plain else PURE
+        return CUDA_EAGER if plain else PURE
+    how = UNDER_VMAP if _VMAP_HOOKS and _vmap_only() else PURE
+    return how if cpu or not how else CUDA_UNDER_VMAP
 
 
 def _cuda_key(key: Tensor) -> bool:

@@ -20,10 +20,12 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -38,7 +40,9 @@ _WIDE = 2**31 - BLOCK  # from here on: 64-bit indices and counters
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
 _SQRT2_32 = float(torch.tensor(math.sqrt(2.0), dtype=torch.float32))
 # bitwise equality with torch's CUDA ops: no FMA contraction, libdevice without FTZ
-_OPTIONS = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+# (those of the options this triton has: see _options)
+_WANTED = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+_OPTIONS: dict[str, bool] | None = None
 
 _kernels: Any = None  # the module _triton_kernels, once imported
 
@@ -54,9 +58,24 @@ def available() -> str | None:
     return None
 
 
+def _device(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """Triton launches on the current CUDA device: make ``device`` current where it is not."""
+    if device.type == "cuda" and device.index not in (None, torch.cuda.current_device()):
+        return torch.cuda.device(device)
+    return contextlib.nullcontext()
+
+
 def _options(device: torch.device) -> dict[str, bool]:
     """Compile options for a launch on ``device`` (the interpreter takes none)."""
-    return _OPTIONS if device.type == "cuda" else {}
+    global _OPTIONS
+    if device.type != "cuda":
+        return {}
+    if _OPTIONS is None:  # (a triton without an option would refuse the keyword)
+        from triton.backends.nvidia.compiler import CUDAOptions
+
+        fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+        _OPTIONS = {k: v for k, v in _WANTED.items() if k in fields}
+    return _OPTIONS
 
 
 def run(
@@ -82,16 +101,16 @@ def run(
     if total:
         if mode == MODE_NORMAL32:
             a, b = _NEXT_M1, _SQRT2_32
-        grid = (triton_cdiv(total, BLOCK),)
-        _kernels.draw_kernel[grid](
-            key, out, n, total, first, a, b,
-            MODE=mode, ONE_KEY=key.numel() == 2, WIDE=total >= _WIDE or first + n > 2**31 - 1,
-            BLOCK=BLOCK, **_options(key.device),
-        )  # fmt: skip
+        wide = total >= _WIDE or first + n > 2**31 - 1
+        with _device(key.device):
+            _kernels.draw_kernel[(_cdiv(total, BLOCK),)](
+                key, out, n, total, first, a, b, MODE=mode, ONE_KEY=key.numel() == 2,
+                WIDE=wide, BLOCK=BLOCK, **_options(key.device),
+            )  # fmt: skip
     return out
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def _cdiv(a: int, b: int) -> int:
     """``ceil(a / b)`` for positive ints."""
     return -(-a // b)
 
@@ -104,17 +123,18 @@ def fold(key: Tensor, data: Tensor, nlev: int = 0) -> Tensor:
     nd = max(len(kb), len(db))
     key = key.reshape((*key.shape[:nlev], *[1] * (nd - len(kb)), *kb, 2))
     data = data.reshape((*data.shape[:nlev], *[1] * (nd - len(db)), *db))
-    shape = tuple(torch.broadcast_shapes(key.shape[:-1], data.shape))
+    shape = tuple(torch.broadcast_shapes(key.shape[:-1], data.shape))  # type: ignore[no-untyped-call]
     out = torch.empty((*shape, 2), dtype=torch.int32, device=key.device)
     total = math.prod(shape)
     if total:  # one key or one datum is read by every element, else one each
         one_key, one_datum = key.numel() == 2, data.numel() == 1
         key = key.reshape(2) if one_key else key.expand((*shape, 2)).contiguous()
         data = data.reshape(1) if one_datum else data.expand(shape).contiguous()
-        _kernels.fold_kernel[(triton_cdiv(total, BLOCK),)](
-            key, data, out, total, KEY_STEP=int(not one_key), DATA_STEP=int(not one_datum),
-            BLOCK=BLOCK, **_options(key.device),
-        )  # fmt: skip
+        with _device(key.device):
+            _kernels.fold_kernel[(_cdiv(total, BLOCK),)](
+                key, data, out, total, KEY_STEP=int(not one_key),
+                DATA_STEP=int(not one_datum), BLOCK=BLOCK, **_options(key.device),
+            )  # fmt: skip
     return out
 
 
@@ -142,7 +162,7 @@ def time_draws(
     key[..., 1] = torch.arange(keys, dtype=torch.int32, device=dev).reshape(key.shape[:-1])
     size = (keys, n) if keys > 1 else (n,)
     data = torch.arange(keys, dtype=torch.int32, device=dev).reshape(key.shape[:-1])
-    cases = {
+    cases: dict[str, Callable[[], Tensor]] = {
         "normal": lambda: run(key, MODE_NORMAL32, (n,), torch.float32),
         "uniform": lambda: run(key, MODE_UNIT32, (n,), torch.float32),
         "bits": lambda: run(key, MODE_BITS32, (n,), torch.int32),
@@ -151,7 +171,7 @@ def time_draws(
         "torch.randn": lambda: torch.randn(size, device=dev),
         "torch.rand": lambda: torch.rand(size, device=dev),
     }
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    sync: Callable[[], None] = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     out = {}
     for name, fn in cases.items():
         fn()  # (the first launch compiles, or loads from Triton's cache)

@@ -9,7 +9,10 @@ contraction: ``enable_fp_fusion=False``). ``MODE_NORMAL32`` runs XLA's float32
 CUDA ``log1p`` and ``sqrt`` compute (so its bits are the pure path's on the same GPU).
 
 Importing this module imports triton; with ``TRITON_INTERPRET=1`` set before the
-import, the kernels run on CPU tensors through Triton's interpreter (the tests).
+import, the kernels run on CPU tensors through Triton's interpreter (the tests). They use
+Triton's builtins only, none of the ``@jit`` helpers of ``triton.language.standard``
+(``tl.zeros_like``...): those are decorated when triton is imported, and so would not
+run in an interpreter switched on after that.
 
 Example:
     >>> draw_kernel[(1,)](keys, out, 4, 4, 0, 0.0, 0.0, MODE=MODE_UNIT32, ONE_KEY=True,

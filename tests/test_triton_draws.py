@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 
+import functd
 import functd as fd
 import functd.random as fr
 from functd import _fused
@@ -52,6 +53,7 @@ def td():
     (Triton reads it when a kernel is decorated), 128-element blocks (several programs
     and a tail on small draws); the modules are put back afterwards."""
     saved = {m: sys.modules.pop(m) for m in _MODULES if m in sys.modules}
+    attrs = {m: getattr(functd, m.rpartition(".")[2], None) for m in _MODULES}
     mp = pytest.MonkeyPatch()
     mp.setenv("TRITON_INTERPRET", "1")
     try:
@@ -65,8 +67,13 @@ def td():
         yield draws
     finally:
         mp.undo()
-        for m in _MODULES:
+        for m in _MODULES:  # (the package's attributes too: `from . import` reads them)
             sys.modules.pop(m, None)
+            name = m.rpartition(".")[2]
+            if attrs[m] is None:
+                vars(functd).pop(name, None)
+            else:
+                setattr(functd, name, attrs[m])
         sys.modules.update(saved)
 
 
@@ -273,12 +280,18 @@ def test_time_draws_times_each_kernel_and_torch(td):
     assert all(v > 0 for v in out.values())
 
 
+def _triton_draws_why() -> str | None:
+    from functd import _triton_draws
+
+    return _triton_draws.available()
+
+
 @pytest.mark.cuda
 def test_cuda_draws_equal_the_cpu_kernel_and_the_pure_path_on_the_gpu():
     # the real kernels (not the interpreter) against the CPU kernel, and the normal
     # against the pure ops on the same GPU (torch's CUDA log1p/sqrt: libdevice's)
-    sys.modules.pop("functd._triton_draws", None) if "TRITON_INTERPRET" in sys.modules else None
     keys = fr.split(fr.key(21), 3)
+    assert _fused._serves(keys.cuda()) == _fused.CUDA_EAGER, _triton_draws_why()
     for name, f in SAMPLERS.items():
         if name.startswith(("normal", "truncated", "gumbel", "exponential", "categorical")):
             continue  # (torch's CUDA transcendentals: checked against the pure path below)
