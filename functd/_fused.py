@@ -55,7 +55,9 @@ MODE_RANGE32 = 9  # float32 max(lo, float(double(u) * a + b)) (uniform in a rang
 MODE_FOLD = 10  # fold_in: one counter (0, data[k]) per key, as pairs
 MODE_ERFINV_GATHER = 11  # float32 normal: list the elements past the first polynomial again
 MODE_ERFINV_GT = 12  # float32 normal: erf_inv's second polynomial on the listed elements
-_NORMAL32 = 100  # (Triton only: the whole float32 normal in one launch)
+# Triton-only modes (CUDA keys; the C kernel has none of them, so no CPU key reaches them)
+TRITON_NORMAL32 = 100  # the whole float32 normal in one launch
+TRITON_UNIT16, TRITON_UNITBF16 = 101, 102  # float16 / bfloat16 uniforms in [0, 1)
 VERSION = 4  # the calling convention's version (the extension's VERSION)
 _THREADED = 1 << 18  # draws this large are shared by torch.get_num_threads() threads
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
@@ -358,7 +360,7 @@ def normal32(key: Tensor, shape: tuple[int, ...]) -> Tensor | None:
     if how >= UNDER_VMAP:
         if how == UNDER_VMAP:
             return _under_vmap(_normal32, (key,), fn, shape)
-        return _on_cuda(how, _TRITON.run, (key,), _NORMAL32, shape, torch.float32)
+        return _on_cuda(how, _TRITON.run, (key,), TRITON_NORMAL32, shape, torch.float32)
     return _normal32(key, fn, shape)
 
 

@@ -180,27 +180,51 @@ def test_the_64_bit_index_path_gives_the_same_bits(td, monkeypatch):
 @pytest.fixture
 def routed(td, monkeypatch):
     """Plain and vmapped CPU keys routed as CUDA keys are (to the Triton launchers, run
-    by the interpreter); the launches counted as ``(name, key shape)``."""
+    by the interpreter); the launches counted as ``(name, key shape)``, the modes of
+    ``run``'s in ``modes_run``."""
     serves = _fused._serves
     monkeypatch.setattr(
         _fused, "_serves", lambda k: how + 2 if (how := serves(k)) and _fused._TRITON else how
     )
     launches = []
+    modes_run.clear()
     counted = types.SimpleNamespace(
-        run=lambda key, *a: launches.append(("run", tuple(key.shape))) or td.run(key, *a),
+        run=lambda key, mode, *a: (
+            (launches.append(("run", tuple(key.shape))) or modes_run.append(mode))
+            or td.run(key, mode, *a)
+        ),
         fold=lambda key, *a: launches.append(("fold", tuple(key.shape))) or td.fold(key, *a),
     )
     monkeypatch.setattr(_fused, "_TRITON", counted)
     return launches
 
 
+modes_run: list[int] = []
 ONE_LAUNCH = ["bits", "bits64", "uniform", "uniform_range", "normal", "split", "fold_in"]
 SAMPLERS = {**random_cases.SAMPLERS, **random_cases.FUSED_EXTRA}
+# sampler -> the mode of its one launch (gumbel/exponential: then torch's log ops)
+SAMPLER_MODES = {
+    "bits": "BITS32", "bits64": "BITS64", "uniform": "UNIT32", "uniform_range": "RANGE32",
+    "normal": "NORMAL32", "split": "PAIRS", "fold_in": "PAIRS", "gumbel": "AFFINE32",
+    "exponential": "NEG32", "uniform64": "UNIT64", "bits_u8": "BITS32",
+}  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    "name", [*ONE_LAUNCH, "gumbel", "exponential", "uniform64", "bits_u8", "uniform_f16"]
-)
+def test_mode_numbers_agree(td):
+    # the launchers', the kernels' and _fused's; the Triton-only ones are no C mode
+    kernels = td._kernels
+    for name in {*SAMPLER_MODES.values(), "UNIT16", "UNITBF16"}:
+        assert getattr(kernels, f"MODE_{name}").value == getattr(td, f"MODE_{name}")
+        assert getattr(_fused, f"MODE_{name}", getattr(td, f"MODE_{name}")) == getattr(
+            td, f"MODE_{name}"
+        )
+    triton_only = (_fused.TRITON_NORMAL32, _fused.TRITON_UNIT16, _fused.TRITON_UNITBF16)
+    assert triton_only == (td.MODE_NORMAL32, td.MODE_UNIT16, td.MODE_UNITBF16)
+    c_modes = {v for n, v in vars(_fused).items() if n.startswith("MODE_")}
+    assert not c_modes & set(triton_only)
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLER_MODES))
 def test_samplers_on_the_triton_path_equal_the_cpu_kernel(td, routed, name):
     f = SAMPLERS[name]
     k = fr.key(11) if name in ("split", "fold_in") else fr.split(fr.key(12), 3)
@@ -210,9 +234,27 @@ def test_samplers_on_the_triton_path_equal_the_cpu_kernel(td, routed, name):
     finally:
         _fused._TRITON = saved
     routed.clear()  # (the split above was routed too)
+    modes_run.clear()
     got = f(k, (3, 5))
     assert_bitwise(got, want)
     assert routed == [("run", tuple(k.shape))], routed
+    assert modes_run == [getattr(td, f"MODE_{SAMPLER_MODES[name]}")]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "mode"),
+    [(torch.float16, _fused.TRITON_UNIT16), (torch.bfloat16, _fused.TRITON_UNITBF16)],
+)
+def test_16_bit_uniforms_of_cuda_keys_take_their_own_launch(monkeypatch, dtype, mode):
+    # (CPU keys keep the 32-bit kernel and torch's ops: a meta key stands for a CUDA one)
+    from functd import _bits_to_numbers
+
+    calls = []
+    drawn = torch.zeros(3, dtype=dtype)
+    monkeypatch.setattr(_fused, "run", lambda *a: calls.append(a) or drawn)
+    key = fr.key(0).to("meta")
+    assert _bits_to_numbers._unit(key, (3,), dtype) is drawn
+    assert calls == [(mode, key, (3,), dtype)]
 
 
 def test_vmap_over_keys_is_one_launch_over_all_keys(routed):
