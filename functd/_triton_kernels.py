@@ -140,7 +140,7 @@ def draw_kernel(
         k0 = tl.load(keys + 2 * kb, mask=live, other=0).to(tl.uint32, bitcast=True)
         k1 = tl.load(keys + 2 * kb + 1, mask=live, other=0).to(tl.uint32, bitcast=True)
     if WIDE:
-        c = i.to(tl.int64) + first.to(tl.int64)
+        c = i.to(tl.int64) + first  # (no first.to: triton passes a first of 1 as a constexpr)
         x0, x1 = threefry2x32(k0, k1, (c >> 32).to(tl.uint32), (c & 0xFFFFFFFF).to(tl.uint32))
     else:
         x0, x1 = threefry2x32(k0, k1, 0, (i + first).to(tl.uint32))

@@ -82,8 +82,8 @@ SIGNED = {2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 def assert_bitwise(a: torch.Tensor, b: torch.Tensor):
     assert a.shape == b.shape and a.dtype == b.dtype
-    if a.dtype.is_floating_point:
-        a, b = a.view(SIGNED[a.itemsize]), b.view(SIGNED[b.itemsize])
+    if a.dtype.is_floating_point or a.dtype in (torch.uint16, torch.uint32, torch.uint64):
+        a, b = a.view(SIGNED[a.itemsize]), b.view(SIGNED[b.itemsize])  # (NaN, -0.0, uint64)
     assert torch.equal(a, b)
 
 
@@ -172,6 +172,8 @@ def test_the_64_bit_index_path_gives_the_same_bits(td, monkeypatch):
         mode, dtype, a, b, cpu = MODES[name]
         k = fr.split(fr.key(5), 3)
         assert_bitwise(td.run(k, getattr(td, f"MODE_{mode}"), (130,), dtype, a, b), cpu(k, (130,)))
+    for data in (1, 2**32 - 1):  # (fold_in: an int datum)
+        assert_bitwise(td.run(k, td.MODE_PAIRS, (), torch.int32, first=data), fr.fold_in(k, data))
 
 
 # -- the dispatch: CUDA keys take the kernels ---------------------------------------------
