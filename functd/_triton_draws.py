@@ -6,9 +6,10 @@ the ~100 small kernels of the pure-op path.
 unwraps the levels first: one launch over every key of every level) and return a fresh
 tensor on the key's device, bitwise equal to the CPU kernel (``_fused_ext.c``) and to
 the pure path. ``MODE_NORMAL32`` finishes XLA's ``erf_inv`` in the same launch, with
-libdevice's ``log1pf``/``fsqrt_rn``, which are torch's CUDA ``log1p``/``sqrt``: its bits
-are the pure path's on the same GPU (the CPU's torch ``log1p`` is another function, so
-a CPU and a CUDA normal may differ in the last bit, as they do on the pure path).
+libdevice's ``log1pf``/``fsqrt_rn``, the functions torch's CUDA ``log1p``/``sqrt`` call:
+its bits are meant to be the pure path's on the same GPU (the CUDA-marked test of
+tests/test_triton_draws.py checks it). torch's CPU ``log1p`` is another function, so a
+CPU and a CUDA normal may differ in the last bit, on the pure path as here.
 
 Nothing is compiled here but Triton's kernels, into Triton's own cache. ``available()``
 says whether triton imports (and why not); ``time_draws`` times the draws for the GPU
