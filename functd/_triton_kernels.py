@@ -112,7 +112,7 @@ def _erfinv_sqrt2(x, sqrt2):
     return (p * x) * sqrt2
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["first"])  # (a fold_in's datum: one compile for all)
 def draw_kernel(
     keys, out, n, total, first, a, b,
     MODE: tl.constexpr, ONE_KEY: tl.constexpr, WIDE: tl.constexpr, BLOCK: tl.constexpr,
