@@ -13,6 +13,7 @@ the libdevice pair against torch's CUDA ops on a GPU.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 import types
 import warnings
@@ -346,3 +347,41 @@ def test_cuda_draws_equal_the_cpu_kernel_and_the_pure_path_on_the_gpu():
     finally:
         _fused._TRITON = saved
     assert_bitwise(fr.normal(keys.cuda(), (2**20,)), pure)
+
+
+def test_the_compiled_normal_kernel_rounds_every_step(tmp_path, monkeypatch):
+    # no GPU needed: the kernel compiled for sm_90 (PTX) has no fused multiply-add of its
+    # own (fp fusion off), only libdevice's log1pf's; a step fused into an FMA would round
+    # once where torch's eager ops round twice
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.language.extra.cuda import libdevice
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # (the td fixture's)
+    spec = importlib.util.spec_from_file_location("_compiled_kernels", _fused.__file__.replace(
+        "_fused.py", "_triton_kernels.py"))  # fmt: skip
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)  # (a copy outside the interpreter)
+
+    @triton.jit
+    def log1p_only(x, y, BLOCK: tl.constexpr):
+        j = tl.arange(0, BLOCK)
+        tl.store(y + j, libdevice.log1p(tl.load(x + j)))
+
+    def ptx(fn, signature, constexprs):
+        src = ASTSource(fn, signature, constexprs=constexprs)
+        options = {"enable_fp_fusion": False, "enable_reflect_ftz": False}
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+    sig = {"keys": "*i32", "out": "*fp32", "n": "i32", "total": "i32", "first": "i32",
+           "a": "fp32", "b": "fp32", "MODE": "constexpr", "ONE_KEY": "constexpr",
+           "WIDE": "constexpr", "BLOCK": "constexpr"}  # fmt: skip
+    flags = {"ONE_KEY": True, "WIDE": False, "BLOCK": 256}
+    normal = ptx(kernels.draw_kernel, sig, {"MODE": 100, **flags})
+    alone = ptx(log1p_only, {"x": "*fp32", "y": "*fp32", "BLOCK": "constexpr"}, {"BLOCK": 256})
+    # (the polynomials' steps, each rounded)
+    assert normal.count("mul.rn.f32") >= 16 and normal.count("add.rn.f32") >= 16
+    assert normal.count("fma.rn.f32") == alone.count("fma.rn.f32") > 0
