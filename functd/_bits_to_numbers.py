@@ -54,6 +54,10 @@ def _unit(key: Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
     elif nbits == 64:
         m = (random_bits(key, 64, shape) >> 12) & ((1 << 52) - 1)
     else:  # bfloat16 (7 mantissa bits) uses 8 random bits, like jax
+        if not key.is_cpu:  # a CUDA key: one Triton launch where it serves
+            mode = _fused.TRITON_UNIT16 if dtype == torch.float16 else _fused.TRITON_UNITBF16
+            if (out := _fused.run(mode, key, shape, dtype)) is not None:
+                return out
         rng_bits = 8 if dtype == torch.bfloat16 else 16
         m = random_bits(key, rng_bits, shape) >> (rng_bits - nmant)
     return m.to(dtype) * 2.0**-nmant

@@ -11,10 +11,12 @@ silently.
 Keys served: plain eager CPU tensors, and under ``torch.func.vmap``/``fd.vmap`` (nested
 too, any ``in_dims``) batched CPU keys: their batch dims are unwrapped, the draw runs as
 ONE kernel call over every key of every level, and the result is wrapped back at the
-same levels (``_lift``/``_wrap``). Everywhere else the pure ops run: under
-``torch.compile``/dynamo, ``torch.func.grad``/``jvp`` levels, ``torch.jit`` tracing, a
-dispatch mode (FakeTensor), a function mode (``with torch.device(...)``), meta/CUDA keys.
-See notes/prng.md for the design and figures.
+same levels (``_lift``/``_wrap``). CUDA keys (NVIDIA) in the same two cases take one
+Triton launch per draw instead (``_triton_draws.py``, where triton imports; the same
+bits). Everywhere else the pure ops run: under ``torch.compile``/dynamo (inductor fuses
+them), ``torch.func.grad``/``jvp`` levels, ``torch.jit`` tracing, a dispatch mode
+(FakeTensor), a function mode (``with torch.device(...)``), meta keys, CUDA keys where
+triton does not import. See notes/prng.md for the design and figures.
 
 Example:
     >>> u = run(MODE_UNIT32, functd.random.key(0), (4,), torch.float32)  # None: pure path
@@ -29,6 +31,7 @@ import math
 import os
 import threading
 import warnings
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -52,6 +55,9 @@ MODE_RANGE32 = 9  # float32 max(lo, float(double(u) * a + b)) (uniform in a rang
 MODE_FOLD = 10  # fold_in: one counter (0, data[k]) per key, as pairs
 MODE_ERFINV_GATHER = 11  # float32 normal: list the elements past the first polynomial again
 MODE_ERFINV_GT = 12  # float32 normal: erf_inv's second polynomial on the listed elements
+# Triton-only modes (CUDA keys; the C kernel has none of them, so no CPU key reaches them)
+TRITON_NORMAL32 = 100  # the whole float32 normal in one launch
+TRITON_UNIT16, TRITON_UNITBF16 = 101, 102  # float16 / bfloat16 uniforms in [0, 1)
 VERSION = 4  # the calling convention's version (the extension's VERSION)
 _THREADED = 1 << 18  # draws this large are shared by torch.get_num_threads() threads
 _NEXT_M1 = -(1.0 - 2.0**-24)  # float32 nextafter(-1, 0), exact
@@ -76,6 +82,7 @@ _VMAP_HOOKS = all(  # what _lift/_wrap/_under_vmap use; else vmapped draws take 
 _EXT = f"{__package__}._fused_ext"  # compiled from functd/_fused_ext.c by setup.py
 _LOCK = threading.Lock()
 _KERNEL = None  # None: not loaded yet; False: unavailable (pure path); else the run function
+_TRITON: Any = None  # None: not tried yet; False: unavailable; else the module _triton_draws
 
 
 def _import():
@@ -129,16 +136,18 @@ def _vmap_only() -> bool:
 
 
 #: What ``_serves`` answers: the pure ops run (falsy), or the kernel serves a plain eager
-#: CPU key, or a CPU key under vmap levels only (unwrapped, drawn, wrapped back).
-PURE, EAGER, UNDER_VMAP = 0, 1, 2
+#: CPU key, or a CPU key under vmap levels only (unwrapped, drawn, wrapped back); the
+#: ``CUDA_`` cases: the same for a CUDA key, served by a Triton launch.
+PURE, EAGER, UNDER_VMAP, CUDA_EAGER, CUDA_UNDER_VMAP = 0, 1, 2, 3, 4
 
 
 def _serves(key: Tensor) -> int:
-    """``PURE``, ``EAGER`` or ``UNDER_VMAP``: how a draw from ``key`` may be served."""
+    """``PURE``, ``EAGER``, ``UNDER_VMAP`` or their ``CUDA_`` cases: how a draw from
+    ``key`` may be served."""
     plain = plain_tensor(key)  # (False under dynamo, which then sees nothing else here)
     if (
         (not plain and (torch.compiler.is_compiling() or type(key) is not Tensor))
-        or not key.is_cpu
+        or not ((cpu := key.is_cpu) or _cuda_key(key))
         or not _HOOKS
         or _dispatch_modes()
         or _function_mode()  # e.g. `with torch.device(...)`
@@ -146,8 +155,44 @@ def _serves(key: Tensor) -> int:
     ):
         return PURE
     if _transforms() is None:  # no torch.func level: only a plain key
-        return EAGER if plain else PURE
-    return UNDER_VMAP if _VMAP_HOOKS and _vmap_only() else PURE
+        if cpu:
+            return EAGER if plain else PURE
+        return CUDA_EAGER if plain else PURE
+    how = UNDER_VMAP if _VMAP_HOOKS and _vmap_only() else PURE
+    return how if cpu or not how else CUDA_UNDER_VMAP
+
+
+def _cuda_key(key: Tensor) -> bool:
+    """Whether ``key`` is on an NVIDIA GPU and the Triton kernels are ready (triton is
+    imported at the first CUDA draw; where it does not import, CUDA draws stay pure)."""
+    global _TRITON
+    if not key.is_cuda or torch.version.hip is not None:
+        return False
+    if _TRITON is None:
+        from . import _triton_draws
+
+        _TRITON = _triton_draws if _triton_draws.available() is None else False
+    return bool(_TRITON)
+
+
+def _on_cuda(how: int, fn, tensors: tuple[Tensor, ...], *args):
+    """``fn(*tensors, *args)``, a Triton launcher (under vmap: the levels unwrapped). A
+    launch that fails (a GPU or toolkit triton cannot compile for) warns once and turns
+    the Triton path off: the pure ops serve from then on (the same bits)."""
+    global _TRITON
+    try:
+        return fn(*tensors, *args) if how == CUDA_EAGER else _under_vmap(fn, tensors, *args)
+    except torch.OutOfMemoryError:
+        raise
+    except Exception as e:
+        _TRITON = False
+        warnings.warn(
+            f"functd.random: the Triton kernel for CUDA draws failed ({type(e).__name__}: "
+            f"{e}); CUDA draws use the pure torch-op path from now on (the same bits).",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return None
 
 
 def usable(key: Tensor) -> bool:
@@ -246,8 +291,10 @@ def run(
     how = _serves(key)
     if not how or not (fn := _KERNEL if _KERNEL is not None else _load()):
         return None
-    if how == UNDER_VMAP:
-        return _under_vmap(_run, (key,), fn, mode, shape, dtype, a, b, first)
+    if how >= UNDER_VMAP:  # (one test for the rarer cases: the eager CPU draw pays one)
+        if how == UNDER_VMAP:
+            return _under_vmap(_run, (key,), fn, mode, shape, dtype, a, b, first)
+        return _on_cuda(how, _TRITON.run, (key,), mode, shape, dtype, a, b, first)
     return _run(key, fn, mode, shape, dtype, a, b, first)
 
 
@@ -276,11 +323,17 @@ def _run(key, fn, mode, shape, dtype, a, b, first, nlev=0):
 def fold(key: Tensor, data: Tensor) -> Tensor | None:
     """``fold_in(key, data)`` for an int32 tensor ``data`` (broadcast with the key batch)."""
     how = _serves(key)
-    if not how or not data.is_cpu or not (fn := _KERNEL if _KERNEL is not None else _load()):
+    if not how or not (fn := _KERNEL if _KERNEL is not None else _load()):
         return None
-    if how == UNDER_VMAP:
-        return _under_vmap(_fold, (key, data), fn)
-    return _fold(key, data, fn) if plain_tensor(data) else None
+    if how >= UNDER_VMAP:
+        if data.device != key.device:
+            return None
+        if how == UNDER_VMAP:
+            return _under_vmap(_fold, (key, data), fn)
+        if how == CUDA_EAGER and not plain_tensor(data):
+            return None
+        return _on_cuda(how, _TRITON.fold, (key, data))
+    return _fold(key, data, fn) if data.is_cpu and plain_tensor(data) else None
 
 
 def _fold(key: Tensor, data: Tensor, fn, nlev: int = 0) -> Tensor:
@@ -304,8 +357,10 @@ def normal32(key: Tensor, shape: tuple[int, ...]) -> Tensor | None:
     how = _serves(key)
     if not how or not (fn := _KERNEL if _KERNEL is not None else _load()):
         return None
-    if how == UNDER_VMAP:
-        return _under_vmap(_normal32, (key,), fn, shape)
+    if how >= UNDER_VMAP:
+        if how == UNDER_VMAP:
+            return _under_vmap(_normal32, (key,), fn, shape)
+        return _on_cuda(how, _TRITON.run, (key,), TRITON_NORMAL32, shape, torch.float32)
     return _normal32(key, fn, shape)
 
 

@@ -49,6 +49,8 @@ def room(mod: str) -> str:
         "_threefry",
         "_fused",
         "_fused_ext",
+        "_triton_draws",
+        "_triton_kernels",
         "_erfinv",
         "_version",
     }:
