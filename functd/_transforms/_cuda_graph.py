@@ -16,6 +16,15 @@ never swaps or writes them (tensordict's ``CudaGraphModule`` swaps input leaves
 during warm-up). Randomness stays random: a ``fd.random`` key is an input tensor,
 copied like any other.
 
+fd.jit's default on CUDA (``cuda_graph=None``) records with the same recorder, per
+compiled signature and without a signature of its own: ``auto_graph`` puts an
+:class:`EntryGraph` in place of the entry's ``outputs(ins)`` when the inputs are all on
+one GPU, the shapes static (no symbolic dims), nothing donated and no input expanded;
+it copies the outputs out (the graph's buffers are the next replay's), falls back to
+the compiled call for good when a recording fails, and records nothing inside an outer
+recording (the compiled call is recorded there). Its recordings live and die with the
+jit's compiled entries (``cache_size`` of them).
+
 Example:
     >>> step = fd.cuda_graph(train_step)   # train_step(params, batch, key) -> params
     >>> params = step(params, batch, key)  # warm-up, then record, then replay
