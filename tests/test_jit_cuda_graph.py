@@ -108,9 +108,9 @@ def _batch_then(n):
         # a CPU tensor beside the GPU's ("meta" stands for the second device here)
         (lambda: (torch.randn(3), torch.zeros(2, device="meta")), {}, "several devices"),
         (lambda: (torch.randn(4, 3)[:, :1].expand(4, 3), torch.zeros(2)), {}, "overlaps itself"),
-        (lambda: (torch.randn(3), torch.zeros(2)), {"gpus": {"cuda"}}, "not on a CUDA device"),
+        (lambda: (torch.randn(3), torch.zeros(2)), {"gpus": {"cuda"}}, None),  # nothing to say
     ],
-    ids=["cpu-tensor-mixed-in", "expanded-input", "not-a-gpu"],
+    ids=["cpu-tensor-mixed-in", "expanded-input", "no-input-on-a-gpu"],
 )
 def test_default_runs_the_compiled_call_where_it_cannot_record(make, kw, why, debug_lines):
     rec = FakeRecorder(**kw)
@@ -120,7 +120,8 @@ def test_default_runs_the_compiled_call_where_it_cannot_record(make, kw, why, de
         y, o = j(x, other)
         assert torch.equal(y, x * 2) and o.shape == other.shape
     assert _graphs(j) == [None] and (rec.warm_calls, rec.records) == (0, 0)
-    assert any(why in m and "without a CUDA graph" in m for m in debug_lines())
+    lines = [m for m in debug_lines() if "without a CUDA graph" in m]
+    assert any(why in m for m in lines) if why else lines == []
 
 
 def test_dynamic_shapes_are_not_recorded_static_ones_still_are(debug_lines):

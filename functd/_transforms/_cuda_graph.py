@@ -376,16 +376,11 @@ def _overlaps(t: torch.Tensor) -> bool:
     return False
 
 
-def why_not_graphed(tensors: list[Any], devices: set[Any], recorder: Any) -> str | None:
-    """Why fd.jit's default records no CUDA graph for a signature (None: it does).
-    The callers add the reasons they know: symbolic dims, donation."""
-    if not tensors:
-        return "no tensor input"
+def why_not_graphed(tensors: list[Any], devices: set[Any]) -> str | None:
+    """Why fd.jit's default records no CUDA graph for a signature with an input on a
+    GPU (None: it does). The callers add the reasons they know: symbolic dims, donation."""
     if len(devices) != 1:
         return f"the inputs are on several devices ({', '.join(sorted(map(str, devices)))})"
-    (device,) = devices
-    if not recorder.available(device):
-        return f"the inputs are on {device}, not on a CUDA device"
     if any(_overlaps(t) for t in tensors):
         return "an input overlaps itself (an expanded tensor; `.contiguous()` it)"
     return None
@@ -515,9 +510,12 @@ def auto_graph(
     """fd.jit's ``cuda_graph=None`` for one compiled entry: ``run`` (its ``outputs``)
     as an :class:`EntryGraph` when the signature of ``flat`` can be recorded, else
     ``run`` itself; a debug line of the ``functd.jit`` logger says which. ``dyn``: the
-    entry's symbolic dims (None: static shapes); ``donated``: its donated outputs."""
+    entry's symbolic dims (None: static shapes); ``donated``: its donated outputs.
+    Without any input on a GPU there is nothing to record, and nothing is logged."""
+    if not any(recorder.available(d) for d in flat.devices):
+        return run
     why = "symbolic dims" if dyn else "donated inputs" if donated else None
-    why = why or why_not_graphed(flat.tensors, flat.devices, recorder)
+    why = why or why_not_graphed(flat.tensors, flat.devices)
     if why is not None:
         _log.debug("%s: a signature runs without a CUDA graph: %s", name, why)
         return run
