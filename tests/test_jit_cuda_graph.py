@@ -316,3 +316,15 @@ def test_cuda_jit_default_inside_fd_cuda_graph_and_on_a_side_stream():
         else:
             out = j(params, td)
         assert_close(out, BLOCK(params, td), rtol=1e-5, atol=1e-6)
+
+
+def test_recorded_under_inference_mode_replays_outside_it():
+    j = _jit(BLOCK)
+    params = BLOCK.init(0)
+    with torch.inference_mode():
+        for _ in range(3):  # warm-up, warm-up, recording
+            j(params, _td())
+    for _ in range(2):
+        td = _td()
+        assert_close(j(params, td), BLOCK(params, td))
+    assert j._recorder.records == 1

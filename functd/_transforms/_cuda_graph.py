@@ -456,14 +456,19 @@ class EntryGraph:
             return self._outputs(ins)
 
     def _record(self, ins: list[Any]) -> bool:
-        static_in = [
-            torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device) for t in ins
-        ]
-        _copy(static_in, ins)
+        """Record on static copies of ``ins``; False when the recording failed. The
+        buffers are normal tensors even under ``torch.inference_mode`` (a later call
+        outside it copies into them)."""
         try:
-            replay, out = self.recorder.record(
-                self.run, (static_in,), {}, self.device, "thread_local"
-            )
+            with torch.inference_mode(False):
+                static_in = [
+                    torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+                    for t in ins
+                ]
+                _copy(static_in, ins)
+                replay, out = self.recorder.record(
+                    self.run, (static_in,), {}, self.device, "thread_local"
+                )
         except Exception as e:  # a capture error: the plain compiled call from now on
             self.failed = f"recording failed ({type(e).__name__}: {str(e).strip()[:200]})"
             _log.debug("%s: a signature runs without a CUDA graph: %s", self.name, self.failed)
