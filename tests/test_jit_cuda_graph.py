@@ -328,3 +328,39 @@ def test_recorded_under_inference_mode_replays_outside_it():
         td = _td()
         assert_close(j(params, td), BLOCK(params, td))
     assert j._recorder.records == 1
+
+
+def test_cuda_recorder_records_thread_local_and_reads_the_current_stream(monkeypatch):
+    """The real recorder's torch.cuda calls for fd.jit's default, with stand-ins."""
+    from contextlib import nullcontext
+
+    from functd._transforms._cuda_graph import _CudaRecorder
+
+    seen = {}
+
+    class Graph:
+        def replay(self):
+            seen["replayed"] = True
+
+    class Stream:
+        def wait_stream(self, other):
+            seen["waited"] = other
+
+    def graph(g, **kw):
+        seen.update(kw)
+        return nullcontext()
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: nullcontext())
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: ("stream", device))
+    cpu = torch.device("cpu")
+    replay, out = _CudaRecorder.record(lambda x: x + 1, (torch.zeros(2),), {}, cpu, "thread_local")
+    replay()
+    assert seen == {"capture_error_mode": "thread_local", "replayed": True}
+    assert torch.equal(out, torch.ones(2))
+    assert _CudaRecorder.capturing(cpu) and _CudaRecorder.stream(cpu) == ("stream", cpu)
+    s = Stream()
+    _CudaRecorder.wait(s, "before")
+    assert seen["waited"] == "before"
