@@ -92,8 +92,11 @@ class FakeRecorder:
                 time.sleep(self.delay)
             new = [v for v in fd.tree.leaves(f(*args, **kwargs)) if isinstance(v, torch.Tensor)]
             for s, n in zip(static_out, new):
-                if s is not n:
-                    s.copy_(n)
+                if s is n:
+                    continue
+                if s._base is not None and n._base is not None:  # views: their buffers
+                    s, n = s._base, n._base
+                s.copy_(n)
 
         # the recording holds no values yet: poison the outputs until the first replay
         ins = {id(v) for v in fd.tree.leaves((args, kwargs))}

@@ -364,3 +364,19 @@ def test_cuda_recorder_records_thread_local_and_reads_the_current_stream(monkeyp
     s = Stream()
     _CudaRecorder.wait(s, "before")
     assert seen["waited"] == "before"
+
+
+def test_outputs_keep_the_strides_of_the_compiled_call():
+    # strides are part of the signature: a loop feeding outputs back must not recompile
+    def f(x):
+        y = x * 2
+        return y[:, :2], y.t(), y[:1].expand(3, 3)
+
+    j, plain = _jit(f), fd.jit(f, cuda_graph=False, **FX)
+    x = torch.randn(4, 3)
+    for _ in range(4):
+        got, want = j(x), plain(x)
+        for g, w in zip(got, want):
+            assert torch.equal(g, w) and g.shape == w.shape
+        assert [g.stride() for g in got[:2]] == [w.stride() for w in want[:2]]
+    assert j._recorder.records == 1

@@ -376,6 +376,14 @@ def _overlaps(t: torch.Tensor) -> bool:
     return False
 
 
+def _like(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor of ``t``'s shape, dtype and strides (strides are part of fd.jit's
+    signature: an output fed back must match); contiguous where ``t`` overlaps itself."""
+    if _overlaps(t):
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+
 def why_not_graphed(tensors: list[Any], devices: set[Any]) -> str | None:
     """Why fd.jit's default records no CUDA graph for a signature with an input on a
     GPU (None: it does). The callers add the reasons they know: symbolic dims, donation."""
@@ -461,10 +469,7 @@ class EntryGraph:
         outside it copies into them)."""
         try:
             with torch.inference_mode(False):
-                static_in = [
-                    torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
-                    for t in ins
-                ]
+                static_in = [_like(t) for t in ins]  # (no input overlaps itself)
                 _copy(static_in, ins)
                 replay, out = self.recorder.record(
                     self.run, (static_in,), {}, self.device, "thread_local"
@@ -494,11 +499,8 @@ class EntryGraph:
         for i, j in self.passthrough:
             leaves[i] = ins[j]
         if self.srcs:
-            if len(self.srcs) == 1:
-                dst = [self.srcs[0].clone()]
-            else:
-                dst = [torch.empty_like(t) for t in self.srcs]
-                _copy(dst, self.srcs)
+            dst = [_like(t) for t in self.srcs]
+            _copy(dst, self.srcs)
             for i, k in self.computed:
                 leaves[i] = dst[k]
         return optree.tree_unflatten(self.out_spec, leaves)
