@@ -118,10 +118,27 @@ def execute(argv: list[str], limit: float, log: str, env: dict | None = None) ->
 def step_argv(name: str, rows: str) -> list[str]:
     if name == "cuda tests":  # --cpu: one file's CUDA tests (they skip): the plumbing
         files = [os.path.join(ROOT, "tests", "test_jit_cuda_graph.py")] if CPU else []
-        pytest = ["pytest", "-q", "-rfE", "-m", "cuda", "-p", "no:cacheprovider"]
+        pytest = ["pytest", "-v", "-rfE", "-m", "cuda", "-p", "no:cacheprovider"]
         return [sys.executable, "-m", *pytest, *files]
     tiny = ["--tiny"] if CPU else []
     return [sys.executable, os.path.join(HERE, "gpu_rows.py"), name, rows, *tiny]
+
+
+_VERBOSE = re.compile(r"^(\S+::\S+) (PASSED|FAILED|SKIPPED|ERROR|XFAIL|XPASS)")
+
+
+def _progress(lines: list[str]) -> str:
+    """Without pytest's summary (it was stopped): the results of ``-v``'s lines so far."""
+    done = [m.group(2) for m in map(_VERBOSE.match, lines) if m]
+    counts = {k: done.count(k) for k in dict.fromkeys(done)}
+    return ", ".join(f"{n} {k.lower()}" for k, n in counts.items()) + " (before it stopped)"
+
+
+def _failures(lines: list[str]) -> list[str]:
+    """The failed tests: pytest's ``-rfE`` summary, or ``-v``'s lines when it was stopped."""
+    summary = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+    verbose = [f"{m.group(2)} {m.group(1)}" for m in map(_VERBOSE.match, lines) if m]
+    return (summary or [v for v in verbose if v.startswith(("FAILED", "ERROR"))])[:50]
 
 
 def run_step(name: str, limit: float, out: str) -> dict:
@@ -138,8 +155,8 @@ def run_step(name: str, limit: float, out: str) -> dict:
     if name == "cuda tests":
         counts = re.compile(r"\d+ (passed|failed|skipped|deselected|error)")
         summary = [ln for ln in lines if counts.search(ln)]
-        step["note"] = summary[-1].strip("= ") if summary else ""
-        step["failures"] = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))][:50]
+        step["note"] = summary[-1].strip("= ") if summary else _progress(lines)
+        step["failures"] = _failures(lines)
     elif result != "ok":
         step["note"] = " / ".join(lines[-3:])[-400:]
     step["rows"] = []

@@ -88,6 +88,19 @@ def test_a_failing_or_hanging_step_is_reported_and_keeps_its_rows(tmp_path, monk
     assert step["rows"] == [json.loads(row)] and step["note"] == "x"
 
 
+def test_pytest_results_read_from_its_summary_or_from_its_verbose_lines():
+    g = _load()
+    stopped = [
+        "tests/test_a.py::test_x PASSED  [  1%]",
+        "tests/test_a.py::test_y[cuda] FAILED  [  2%]",
+        "tests/test_b.py::test_z PASSED  [  3%]",
+    ]
+    assert g._progress(stopped) == "2 passed, 1 failed (before it stopped)"
+    assert g._failures(stopped) == ["FAILED tests/test_a.py::test_y[cuda]"]
+    done = [*stopped, "FAILED tests/test_a.py::test_y[cuda] - AssertionError: 1 != 2"]
+    assert g._failures(done) == ["FAILED tests/test_a.py::test_y[cuda] - AssertionError: 1 != 2"]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA path")
 def test_skips_without_cuda():
     done = subprocess.run([sys.executable, PATH], capture_output=True, text=True, timeout=120)
