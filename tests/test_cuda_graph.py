@@ -4,7 +4,9 @@ buffers); recording and replaying on a GPU are marked ``cuda``."""
 
 from __future__ import annotations
 
+import time
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -45,21 +47,40 @@ def _unchanged(tree, snap):
 
 class FakeRecorder:
     """Records by running ``f`` on the static buffers; replays by recomputing on them
-    and copying into the static outputs, as a CUDA graph replay would."""
+    and copying into the static outputs, as a CUDA graph replay would. ``gpus``: the
+    device types it takes for GPUs (None: every device); ``capture``: an outer
+    recording is under way; ``current``: the current stream's name."""
 
-    def __init__(self):
+    def __init__(self, gpus=None):
         self.warm_calls = 0
         self.records = 0
         self.fail = False
+        self.gpus = gpus
+        self.capture = False
+        self.current = "s0"
+        self.waits = []  # (stream, the stream it waited for)
+        self.modes = []  # capture_error_mode of each recording
+        self.recordings = []  # a weak reference to each recording's replay
+        self.delay = 0.0  # seconds a replay sleeps first (other threads run meanwhile)
 
     def available(self, device):
-        return True
+        return self.gpus is None or device.type in self.gpus
+
+    def capturing(self, device):
+        return self.capture
+
+    def stream(self, device):
+        return self.current
+
+    def wait(self, stream, before):
+        self.waits.append((stream, before))
 
     def warm(self, f, args, kwargs, device):
         self.warm_calls += 1
         return f(*args, **kwargs)
 
-    def record(self, f, args, kwargs, device):
+    def record(self, f, args, kwargs, device, mode="global"):
+        self.modes.append(mode)
         if self.fail:
             raise RuntimeError("operation not permitted when stream is capturing")
         self.records += 1
@@ -67,16 +88,22 @@ class FakeRecorder:
         static_out = [v for v in fd.tree.leaves(out) if isinstance(v, torch.Tensor)]
 
         def replay():
+            if self.delay:
+                time.sleep(self.delay)
             new = [v for v in fd.tree.leaves(f(*args, **kwargs)) if isinstance(v, torch.Tensor)]
             for s, n in zip(static_out, new):
-                if s is not n:
-                    s.copy_(n)
+                if s is n:
+                    continue
+                if s._base is not None and n._base is not None:  # views: their buffers
+                    s, n = s._base, n._base
+                s.copy_(n)
 
         # the recording holds no values yet: poison the outputs until the first replay
         ins = {id(v) for v in fd.tree.leaves((args, kwargs))}
         for t in static_out:
             if t.is_floating_point() and id(t) not in ins:
                 t.fill_(float("nan"))
+        self.recordings.append(weakref.ref(replay))
         return replay, out
 
 

@@ -16,6 +16,15 @@ never swaps or writes them (tensordict's ``CudaGraphModule`` swaps input leaves
 during warm-up). Randomness stays random: a ``fd.random`` key is an input tensor,
 copied like any other.
 
+fd.jit's default on CUDA (``cuda_graph=None``) records with the same recorder, per
+compiled signature and without a signature of its own: ``auto_graph`` puts an
+:class:`EntryGraph` in place of the entry's ``outputs(ins)`` when the inputs are all on
+one GPU, the shapes static (no symbolic dims), nothing donated and no input expanded;
+it copies the outputs out (the graph's buffers are the next replay's), falls back to
+the compiled call for good when a recording fails, and records nothing inside an outer
+recording (the compiled call is recorded there). Its recordings live and die with the
+jit's compiled entries (``cache_size`` of them).
+
 Example:
     >>> step = fd.cuda_graph(train_step)   # train_step(params, batch, key) -> params
     >>> params = step(params, batch, key)  # warm-up, then record, then replay
@@ -24,6 +33,8 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
+import threading
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
@@ -37,7 +48,9 @@ from ._jit_trace import distribution_checks_off
 from ._paths import fmt_call_path
 from ._signature import Flat, signature, unhashable
 
-__all__ = ["CudaGraphWarning", "cuda_graph", "signature"]
+__all__ = ["CudaGraphWarning", "EntryGraph", "auto_graph", "cuda_graph", "signature"]
+
+_log = logging.getLogger("functd.jit")  # fd.jit's default: which signatures are graphed
 
 
 class CudaGraphWarning(UserWarning):
@@ -67,6 +80,20 @@ class _CudaRecorder:
         return device.type == "cuda" and torch.cuda.is_available()
 
     @staticmethod
+    def capturing(device: torch.device) -> bool:
+        """Whether the current stream is being recorded (an outer CUDA graph)."""
+        return torch.cuda.is_current_stream_capturing()
+
+    @staticmethod
+    def stream(device: torch.device) -> Any:
+        return torch.cuda.current_stream(device)
+
+    @staticmethod
+    def wait(stream: Any, before: Any) -> None:
+        """``stream`` waits for the work queued on ``before`` so far."""
+        stream.wait_stream(before)
+
+    @staticmethod
     def warm(
         f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[Any, Any], device: torch.device
     ) -> Any:
@@ -83,17 +110,23 @@ class _CudaRecorder:
 
     @staticmethod
     def record(
-        f: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[Any, Any], device: torch.device
+        f: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[Any, Any],
+        device: torch.device,
+        mode: str = "global",
     ):
         """Record ``f``. Distributions' argument checks are off while recording: they
         read a result on the host, which a capture forbids, and a replay could not
         check anything anyway (the warm-up calls, run eagerly, do check). A function
         that only makes views records an empty graph, which is right: torch's warning
-        about it (a capture on the wrong stream) cannot apply to this recorder's."""
+        about it (a capture on the wrong stream) cannot apply to this recorder's.
+        ``mode`` is torch's ``capture_error_mode`` ("thread_local" for fd.jit's default:
+        other threads' CUDA calls are not refused while it records)."""
         graph = torch.cuda.CUDAGraph()
         with distribution_checks_off(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", "The CUDA Graph is empty", UserWarning)
-            with torch.cuda.device(device), torch.cuda.graph(graph):
+            with torch.cuda.device(device), torch.cuda.graph(graph, capture_error_mode=mode):
                 out = f(*args, **kwargs)
         return graph.replay, out
 
@@ -328,6 +361,174 @@ class _Graphed:
 def _copy(dst: list[torch.Tensor], src: list[torch.Tensor]) -> None:
     if dst:
         torch._foreach_copy_(dst, src)  # one fused launch per dtype/device group
+
+
+# ---------------------------------------------------------------- fd.jit's default
+def _overlaps(t: torch.Tensor) -> bool:
+    """Whether two elements of ``t`` share memory (an expanded tensor): such an input
+    cannot be copied into a static buffer of the same strides."""
+    dims = sorted((st, n) for n, st in zip(t.shape, t.stride()) if n > 1)
+    span = 1
+    for st, n in dims:
+        if st < span:
+            return True
+        span = st * n
+    return False
+
+
+def _like(t: torch.Tensor) -> torch.Tensor:
+    """A new tensor of ``t``'s shape, dtype and strides (strides are part of fd.jit's
+    signature: an output fed back must match); contiguous where ``t`` overlaps itself."""
+    if _overlaps(t):
+        return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
+
+
+def why_not_graphed(tensors: list[Any], devices: set[Any]) -> str | None:
+    """Why fd.jit's default records no CUDA graph for a signature with an input on a
+    GPU (None: it does). The callers add the reasons they know: symbolic dims, donation."""
+    if len(devices) != 1:
+        return f"the inputs are on several devices ({', '.join(sorted(map(str, devices)))})"
+    if any(_overlaps(t) for t in tensors):
+        return "an input overlaps itself (an expanded tensor; `.contiguous()` it)"
+    return None
+
+
+class EntryGraph:
+    """One compiled signature of ``fd.jit`` on CUDA, replayed as a CUDA graph: the
+    callable that stands for the entry's ``outputs(ins)`` (flat input tensors -> the
+    output tree). ``warmup`` plain calls on a side stream, then a recording on static
+    copies of the inputs, then copy-in + replay + copies of the outputs. A recording
+    that fails (a host sync, a CPU tensor in the code) leaves the plain compiled call
+    for good; inside an outer recording the plain call is recorded there instead.
+
+    Outputs are always fresh tensors: the graph's own output buffers are overwritten
+    by the next replay, so what a call returns never changes after it. Calls are
+    serialised by a lock (the static buffers are shared), and a call on another CUDA
+    stream than the previous one waits for the previous one's work first.
+
+    Example:
+        >>> outputs = EntryGraph(entry.outputs, torch.device("cuda"), _CudaRecorder, "f")
+        >>> out = outputs(ins)  # warm-up, warm-up, record, then replays
+    """
+
+    def __init__(
+        self,
+        run: Callable[[list[Any]], Any],
+        device: torch.device,
+        recorder: Any,
+        name: str,
+        warmup: int = 2,
+    ) -> None:
+        self.run, self.device, self.recorder, self.name = run, device, recorder, name
+        self.warmup, self.calls = warmup, 0
+        self.replay: Callable[[], Any] | None = None
+        self.failed: str | None = None
+        self.static_in: list[torch.Tensor] = []
+        self.out_leaves: list[Any] = []
+        self.out_spec: Any = None
+        self.passthrough: list[tuple[int, int]] = []  # (output position, input position)
+        self.computed: list[tuple[int, int]] = []  # (output position, index in srcs)
+        self.srcs: list[torch.Tensor] = []  # the graph's output buffers, each once
+        self.last_stream: Any = None
+        self.lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        state = (
+            f"not graphed: {self.failed}"
+            if self.failed
+            else "graphed"
+            if self.replay is not None
+            else f"warm-up {self.calls}/{self.warmup}"
+        )
+        return f"EntryGraph({self.name}, {self.device}, {state})"
+
+    def __call__(self, ins: list[Any]) -> Any:
+        rec = self.recorder
+        if self.failed is not None or rec.capturing(self.device):
+            return self.run(ins)
+        with self.lock:
+            stream = rec.stream(self.device)
+            if stream != self.last_stream:
+                if self.last_stream is not None:  # its copies and replay may still run
+                    rec.wait(stream, self.last_stream)
+                self.last_stream = stream
+            if self.replay is not None:
+                _copy(self.static_in, ins)
+                self.replay()
+            elif self.calls < self.warmup:
+                self.calls += 1
+                return rec.warm(self.run, (ins,), {}, self.device)
+            elif not self._record(ins):
+                return self.run(ins)
+            return self._outputs(ins)
+
+    def _record(self, ins: list[Any]) -> bool:
+        """Record on static copies of ``ins``; False when the recording failed. The
+        buffers are normal tensors even under ``torch.inference_mode`` (a later call
+        outside it copies into them)."""
+        try:
+            with torch.inference_mode(False):
+                static_in = [_like(t) for t in ins]  # (no input overlaps itself)
+                _copy(static_in, ins)
+                replay, out = self.recorder.record(
+                    self.run, (static_in,), {}, self.device, "thread_local"
+                )
+        except Exception as e:  # a capture error: the plain compiled call from now on
+            self.failed = f"recording failed ({type(e).__name__}: {str(e).strip()[:200]})"
+            _log.debug("%s: a signature runs without a CUDA graph: %s", self.name, self.failed)
+            return False
+        leaves, self.out_spec = optree.tree_flatten(out, namespace=NAMESPACE)
+        position = {id(t): j for j, t in enumerate(static_in)}
+        index: dict[int, int] = {}
+        for i, v in enumerate(leaves):
+            if id(v) in position:
+                self.passthrough.append((i, position[id(v)]))
+            elif _is_tensor(v):
+                k = index.setdefault(id(v), len(self.srcs))
+                if k == len(self.srcs):
+                    self.srcs.append(v)
+                self.computed.append((i, k))
+        self.static_in, self.out_leaves, self.replay = static_in, leaves, replay
+        _log.debug("%s: a signature is recorded as a CUDA graph on %s", self.name, self.device)
+        replay()  # recording runs nothing: compute this call's outputs
+        return True
+
+    def _outputs(self, ins: list[Any]) -> Any:
+        leaves = list(self.out_leaves)
+        for i, j in self.passthrough:
+            leaves[i] = ins[j]
+        if self.srcs:
+            dst = [_like(t) for t in self.srcs]
+            _copy(dst, self.srcs)
+            for i, k in self.computed:
+                leaves[i] = dst[k]
+        return optree.tree_unflatten(self.out_spec, leaves)
+
+
+def auto_graph(
+    run: Callable[[list[Any]], Any],
+    flat: Flat,
+    dyn: Any,
+    donated: Any,
+    recorder: Any,
+    name: str,
+) -> Callable[[list[Any]], Any]:
+    """fd.jit's ``cuda_graph=None`` for one compiled entry: ``run`` (its ``outputs``)
+    as an :class:`EntryGraph` when the signature of ``flat`` can be recorded, else
+    ``run`` itself; a debug line of the ``functd.jit`` logger says which. ``dyn``: the
+    entry's symbolic dims (None: static shapes); ``donated``: its donated outputs.
+    Without any input on a GPU there is nothing to record, and nothing is logged."""
+    if not any(recorder.available(d) for d in flat.devices):
+        return run
+    why = "symbolic dims" if dyn else "donated inputs" if donated else None
+    why = why or why_not_graphed(flat.tensors, flat.devices)
+    if why is not None:
+        _log.debug("%s: a signature runs without a CUDA graph: %s", name, why)
+        return run
+    (device,) = flat.devices
+    _log.debug("%s: a signature will be recorded as a CUDA graph on %s", name, device)
+    return EntryGraph(run, device, recorder, name)
 
 
 def cuda_graph(

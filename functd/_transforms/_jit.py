@@ -46,7 +46,7 @@ from .._td import TensorDict
 from .._td._tree import NAMESPACE
 from .._torch.functorch import peek_interpreter_stack
 from .._torch.ops import any_autocast
-from ._cuda_graph import _CudaRecorder, _Graphed
+from ._cuda_graph import _CudaRecorder, _Graphed, auto_graph
 from ._jit_artifact import Compiled, Lowered, build
 from ._jit_code import make_match, make_outputs
 from ._jit_options import checked
@@ -207,14 +207,12 @@ class _Jitted(Generic[_P, _R]):
         dynamic: bool | None,
         cache_size: int,
         backend: str,
+        cuda_graph: bool | None = None,
     ) -> None:
         functools.update_wrapper(self, f)
-        self._f = f
-        self._static = static
-        self._donate = donate
-        self._dynamic = dynamic
-        self._maxsize = cache_size
-        self._backend = backend
+        self._f, self._static, self._donate, self._recorder = f, static, donate, _CudaRecorder
+        self._opts = (dynamic, cache_size, backend, cuda_graph)  # (_fd_jit_derive's)
+        self._dynamic, self._maxsize, self._backend, self._cuda_graph = self._opts
         self._memo: dict = {}  # argument position -> (TensorDict, its description)
         self._aliases: dict = {}  # signature -> entry
         self._lru: OrderedDict[_Entry, None] = OrderedDict()  # compiled entries
@@ -239,8 +237,8 @@ class _Jitted(Generic[_P, _R]):
             opts.append(f"donate_argnums={self._donate}")
         if self._dynamic is not None:
             opts.append(f"dynamic={self._dynamic}")
-        if self._graphed is not None:
-            opts.append("cuda_graph=True")
+        if self._cuda_graph is not None:
+            opts.append(f"cuda_graph={self._cuda_graph}")
         return f"jit({self._fname()}, {', '.join(opts)}, cache_size={self._maxsize})"
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:  # as a method decorator
@@ -397,7 +395,7 @@ class _Jitted(Generic[_P, _R]):
                 self._derived.move_to_end(cached)
                 return hit
             nums = self._static if static else ()
-            out = type(self)(build(self._f), nums, (), self._dynamic, self._maxsize, self._backend)
+            out = type(self)(build(self._f), nums, (), *self._opts)
             out._label = f"{key[0]}({self._fname()})"
             if cached is not None:
                 self._derived[cached] = out
@@ -500,6 +498,8 @@ class _Jitted(Generic[_P, _R]):
         for i, j in (*traced.passthrough, *traced.donated):
             sources[i] = f"ins[{j}]"
         e.outputs = make_outputs(traced.out, traced.out_spec, sources, traced.out_leaves, run)
+        if self._cuda_graph is None:  # CUDA graphs by default, where they can record
+            e.outputs = auto_graph(e.outputs, flat, dyn, traced.donated, self._recorder, name)
         e.out_computed, e.passthrough, e.donated = (
             traced.out_computed,
             traced.passthrough,
@@ -612,7 +612,7 @@ def jit(
     dynamic: bool | None = None,
     cache_size: int = 8,
     backend: str = "inductor",
-    cuda_graph: bool = False,
+    cuda_graph: bool | None = None,
 ) -> _Jitted[_P, _R]: ...
 @overload  # the decorator form, fd.jit(static_argnums=1): jit's keywords
 def jit(f: None = None, **options: Any) -> Callable[[Callable[_P, _R]], _Jitted[_P, _R]]: ...
@@ -626,22 +626,20 @@ def jit(  # type: ignore[misc]  # overload 2 spells jit's keywords as **options
     dynamic: bool | None = None,
     cache_size: int = 8,
     backend: str = "inductor",
-    cuda_graph: bool = False,
+    cuda_graph: bool | None = None,
 ) -> Any:
     """Compile ``f``, a pure function of pytrees, once per input signature.
 
-    The first call with a new signature traces ``f`` on tensors without values
-    (``make_fx``: any ``fd.grad``/``fd.vmap`` inside is part of the trace) and
-    compiles the graph with inductor; later calls of that signature check it with
-    one dict lookup and run the compiled code directly (no dynamo frame, no
-    guards). A new batch size compiles once more with the batch dims symbolic;
-    after that no new batch size compiles. Keys (``fd.random``) are inputs like any
-    tensor: each call draws anew.
+    The first call with a new signature traces ``f`` on tensors without values (``make_fx``: any
+    ``fd.grad``/``fd.vmap`` inside is part of the trace) and compiles the graph with inductor;
+    later calls of that signature check it with one dict lookup and run the compiled code
+    directly (no dynamo frame, no guards; on CUDA a CUDA graph: see ``cuda_graph``). A new batch
+    size compiles once more with the batch dims symbolic; after that no new batch size compiles.
+    Keys (``fd.random``) are inputs like any tensor: each call draws anew.
 
-    The signature of a call: per argument its tree structure (TensorDict keys), the
-    batch sizes, per tensor shape, dtype, strides and device, its non-tensor leaves
-    (static: compared by value, so they must be hashable), and the ambient
-    ``fd.set_interaction_type`` and autocast state.
+    The signature of a call: per argument its tree structure (TensorDict keys), batch sizes,
+    per tensor shape, dtype, strides and device, its non-tensor leaves (static: compared by
+    value, so hashable), and the ambient ``fd.set_interaction_type`` and autocast state.
 
     Rules: ``f`` is pure. Branching in Python on a tensor's value, a write into an
     input or into a closed-over tensor, or a draw from torch's global generator
@@ -669,9 +667,11 @@ def jit(  # type: ignore[misc]  # overload 2 spells jit's keywords as **options
             :class:`JitWarning` names what changed, once per wrapper.
         backend: "inductor" (compiled code; its C++ wrapper on the CPU) or "fx" (the
             traced graph run as it is: for tests and debugging).
-        cuda_graph: replay one CUDA graph per signature on CUDA inputs (the compiled
-            code recorded by ``fd.cuda_graph``'s recorder, after 2 warm-up calls);
-            without CUDA, one :class:`CudaGraphWarning` and compiled calls.
+        cuda_graph: None (default): a signature with its inputs on one GPU, static shapes,
+            nothing donated, records a CUDA graph at its 3rd call and replays it (outputs
+            copied out: later calls never overwrite them); others, and failed recordings
+            (host syncs), run compiled code (debug lines of the ``functd.jit`` logger).
+            False: never. True: ``fd.cuda_graph``'s wrapper, its errors and warnings.
 
     Returns:
         A callable with ``f``'s name and doc, and ``cache_size()``, ``cache_info()``,
@@ -696,4 +696,4 @@ def jit(  # type: ignore[misc]  # overload 2 spells jit's keywords as **options
         return functools.partial(jit, **kw)
     static, donate = checked(f, static_argnums, donate_argnums, dynamic, cache_size, backend)
     cls = _GraphedJit if cuda_graph else _Jitted
-    return cls(f, static, donate, dynamic, cache_size, backend)
+    return cls(f, static, donate, dynamic, cache_size, backend, cuda_graph)
