@@ -165,3 +165,22 @@ def test_the_traced_ensemble_has_no_per_member_ops():
     assert two == four
     assert two.count("aten.bmm.default") == 2
     assert not _PER_MEMBER.findall("\n".join(graphs)), graphs[1]
+
+
+def test_a_compiled_fd_vmap_ensemble_compiles_once_for_reused_and_new_inputs():
+    """Flattening a TensorDict under torch.compile writes nothing into it: writing its
+    cached tree spec was a side effect replayed after every call on a new TensorDict,
+    and its guard (``td._spec is None``) failed on the next call, a second compile;
+    with a new TensorDict each call, a third."""
+    from torch._dynamo.testing import CompileCounter
+
+    _, x, fd_forward, (ens, td), _, _ = _ensemble(2)
+    counter = CompileCounter()
+    f = torch.compile(fd_forward, backend=counter, fullgraph=True)
+    before = (td._spec, ens._spec)
+    with torch.no_grad():
+        outs = [f(ens, td), f(ens, td), f(ens, fd.TensorDict({"x": x}, [BATCH]))]
+    assert counter.frame_count == 1
+    assert (td._spec, ens._spec) == before  # nothing written into the inputs
+    for out in outs:
+        torch.testing.assert_close(out, fd_forward(ens, td))
