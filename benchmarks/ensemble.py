@@ -107,10 +107,12 @@ def cases(n: int):
         "functd fd.vmap": (lambda: fd_fwd_fn(ens, td), lambda: fd_grad(ens, td)),
     }
     if COMPILE:
-        c_sms_fwd = torch.compile(lambda p: sms_map(p, buffers, x))
-        c_sms_bwd = torch.compile(sms_grad)
-        c_fd_fwd = torch.compile(fd_fwd_fn)
-        c_fd_bwd = torch.compile(fd_grad)
+        # fullgraph: a graph break inside a vmap makes dynamo run the whole vmap eagerly
+        # (torch 2.11 broke in TensorDict's constructor: the H200 row measured eager code)
+        c_sms_fwd = torch.compile(lambda p: sms_map(p, buffers, x), fullgraph=True)
+        c_sms_bwd = torch.compile(sms_grad, fullgraph=True)
+        c_fd_fwd = torch.compile(fd_fwd_fn, fullgraph=True)
+        c_fd_bwd = torch.compile(fd_grad, fullgraph=True)
         out["compiled stack_module_state + vmap"] = (
             lambda: c_sms_fwd(params),
             lambda: c_sms_bwd(params),

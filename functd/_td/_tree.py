@@ -119,9 +119,7 @@ def spec_of(td: TensorDict) -> _Spec:
         order = None if order == keys else order  # type: ignore[assignment]
         bs = None if any(full) else tuple(td._batch_size)
         spec = _Spec(keys, tuple(ranks), bs, tuple(full), order)
-        if is_dynamo_compiling():
-            object.__setattr__(td, "_spec", spec)
-        else:
+        if not is_dynamo_compiling():
             set_spec_slot(td, spec)
     return spec
 

@@ -18,7 +18,9 @@ row-major (a copy only if it is not), so ``bmm`` runs one batched GEMM (the roll
 An operand stored transposed with the batch outer (``x @ W.T``) keeps that layout
 (MKL reads it with a transpose flag), and a view of a graph input keeps the layout it is
 given, with no requirement: copying them row-major transposed or copied every weight in
-each step of PPO's rollout.
+each step of PPO's rollout. An operand expanded over the batch (stride 0: the data an
+ensemble's members share, ``fd.vmap(block, in_dims=(0, None))``) stays a view too: a
+row-major requirement copied it once per member, a kernel more than torch.compile's code.
 ``tests/test_jit.py`` runs the rewritten graph and a compiled vmapped loop against
 eager.
 
@@ -77,6 +79,8 @@ class RowMajorBmm(CustomGraphPass):
                     continue  # (symbolic sizes: left as they are)
                 if b <= 1:
                     continue
+                if _shared(val, m, k):
+                    continue  # one matrix for every batch element (shared data): a view
                 # batch outer and each matrix dense, row-major or transposed: MKL reads
                 # either (a transpose flag), so a transposed view stays a view. Copying
                 # it row-major was a transpose of every weight in each step of a loop
@@ -99,7 +103,18 @@ class RowMajorBmm(CustomGraphPass):
                 node.replace_input_with(a, view)
 
     def uuid(self) -> str:
-        return "functd-bmm-operands-5"
+        return "functd-bmm-operands-6"
+
+
+def _shared(val: torch.Tensor, m: int, k: int) -> bool:
+    """Whether ``val`` ([b, m, k]) is one dense matrix expanded over the batch (batch
+    stride 0: the data an ensemble's members share, ``fd.vmap(f, in_dims=(0, None))``).
+    BLAS reads it as it is (MKL and cuBLAS take a batch stride of 0); a row-major
+    requirement copied it ``b`` times, one more kernel per call."""
+    _, s1, s2 = val.stride()
+    rows = (s2 == 1 or k == 1) and (s1 == k or m == 1)
+    cols = (s1 == 1 or m == 1) and (s2 == m or k == 1)
+    return val.stride()[0] == 0 and (rows or cols)
 
 
 def _transposed(val: torch.Tensor, m: int, k: int) -> bool:
