@@ -48,9 +48,11 @@ from .._torch.functorch import peek_interpreter_stack
 from .._torch.ops import any_autocast
 from ._cuda_graph import _CudaRecorder, _Graphed
 from ._jit_code import make_match, make_outputs
+from ._jit_disk import disk_cache
+from ._jit_log import CompileLog, describe
 from ._jit_options import checked
 from ._jit_trace import Static, compile_graph, trace
-from ._signature import Flat, describe_change, shown, skeleton, unhashable
+from ._signature import Flat, describe_change, skeleton, unhashable
 from ._vmap import TransformError
 
 __all__ = ["CacheInfo", "JitWarning", "Lowered", "compiles", "jit"]
@@ -109,6 +111,7 @@ class CacheInfo(NamedTuple):
     calls: int  # calls answered by compiled code (the first call of a signature too)
     size: int  # compiled entries held now
     maxsize: int
+    from_disk: int = 0  # compiles answered by inductor's cache on disk (a warm start)
 
 
 class Lowered(NamedTuple):
@@ -118,9 +121,11 @@ class Lowered(NamedTuple):
     dynamic: tuple  # per input tensor, the dims that are symbolic
     graph: str  # the traced FX graph (ATen ops after inductor's decompositions)
     source: str | None  # inductor's generated code (None with backend="fx")
+    from_disk: bool = False  # the code came from inductor's cache on disk
 
     def __str__(self) -> str:
-        return f"# signature: {self.signature}\n# graph\n{self.graph}\n# code\n{self.source}"
+        head = f"# signature: {self.signature}" + " (from disk)" * self.from_disk
+        return f"{head}\n# graph\n{self.graph}\n# code\n{self.source}"
 
 
 def _plain(v: Any) -> bool:
@@ -142,6 +147,7 @@ class _Entry:
         "aliases",
         "donated",
         "dyn",
+        "from_disk",
         "graph",
         "guards",
         "out_computed",
@@ -157,6 +163,7 @@ class _Entry:
     aliases: Any
     donated: Any
     dyn: Any
+    from_disk: Any
     graph: Any
     guards: Any
     out_computed: Any
@@ -232,7 +239,7 @@ class _Jitted(Generic[_P, _R]):
         self._by_struct: dict[tuple, list[_Entry]] = {}
         self._last_sig: tuple | None = None
         self._warned = False
-        self._counts = [0, 0]  # compiles, calls
+        self._counts = [0, 0, 0]  # compiles, calls, compiled entries loaded from disk
         self._graphed: _Graphed | None = None
         self._fast: tuple | None = None  # the latest signature, checked without a key
         self._varying: set[int] = set()  # arguments whose batch size was seen to change
@@ -262,8 +269,10 @@ class _Jitted(Generic[_P, _R]):
         return len(self._lru)
 
     def cache_info(self) -> CacheInfo:
-        """Compilations and calls so far, and the cache's size."""
-        return CacheInfo(self._counts[0], self._counts[1], len(self._lru), self._maxsize)
+        """Compilations and calls so far, the cache's size, and how many of the
+        compilations loaded their code from inductor's cache on disk."""
+        c = self._counts
+        return CacheInfo(c[0], c[1], len(self._lru), self._maxsize, c[2])
 
     def cache_clear(self) -> None:
         """Drop every compiled signature (and CUDA graph recording)."""
@@ -289,7 +298,8 @@ class _Jitted(Generic[_P, _R]):
         flat = Flat(args, kwargs, {})
         with self._lock:
             entry = self._entry(flat, args, kwargs)
-        return Lowered(self._describe(flat), entry.dyn or (), entry.graph, entry.source)
+        sig, dyn = describe(flat), entry.dyn or ()
+        return Lowered(sig, dyn, entry.graph, entry.source, entry.from_disk)
 
     # ------------------------------------------------------------ calls
     def _fname(self) -> str:
@@ -469,29 +479,17 @@ class _Jitted(Generic[_P, _R]):
     ) -> _Entry:
         dyn = self._dyn_dims(flat, family)
         donated = frozenset(self._donated_inputs(flat))
-        name = self._name()
-        with _TRACE_LOCK:
+        with _TRACE_LOCK, CompileLog(self._name(), lambda: describe(flat)) as log:
             outer, _TRACING[0] = _TRACING[0], _get_ident()
             try:
-                traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
-                graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
-                try:
-                    run, source = compile_graph(traced, self._backend)
-                except Exception as err:
-                    if "higher_order.scan" not in graph:
-                        raise
-                    from ._loops_hop import loops_unrolled  # a loop inductor cannot compile
-
-                    with loops_unrolled(err):
-                        traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
-                    graph = traced.gm.code
-                    run, source = compile_graph(traced, self._backend)
+                traced, graph, run, source = self._build(flat, args, kwargs, dyn, donated, log)
             finally:
                 _TRACING[0] = outer
             _COUNT[0] += 1
         self._counts[0] += 1
+        self._counts[2] += log.from_disk
         e = _Entry()
-        e.run, e.source, e.graph = run, source, graph
+        e.run, e.source, e.graph, e.from_disk = run, source, graph, log.from_disk
         e.out_spec, e.out_leaves = traced.out_spec, traced.out_leaves
         sources = [f"K[{i}]" for i in range(len(traced.out_leaves))]
         for k, i in enumerate(traced.out_computed):
@@ -512,6 +510,29 @@ class _Jitted(Generic[_P, _R]):
         family.append(e)
         self._evict(flat)
         return e
+
+    def _build(self, flat: Flat, args: tuple, kwargs: dict, dyn: Any, donated: Any, log: Any):
+        """(traced, its graph's code, run, source): the trace and the compile, the
+        compiled code possibly from inductor's cache on disk (``log.from_disk``)."""
+        name, on_disk = self._name(), self._backend == "inductor"
+        traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
+        graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
+        log.checkpoint()
+        try:
+            with disk_cache(name, JitWarning, on_disk) as disk:
+                run, source = compile_graph(traced, self._backend)
+        except Exception as err:
+            if "higher_order.scan" not in graph:
+                raise
+            from ._loops_hop import loops_unrolled  # a loop inductor cannot compile
+
+            with loops_unrolled(err):
+                traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
+            graph = traced.gm.code
+            with disk_cache(name, JitWarning, on_disk) as disk:
+                run, source = compile_graph(traced, self._backend)
+        log.from_disk = disk.hit
+        return traced, graph, run, source
 
     def _evict(self, flat: Flat) -> None:
         """Keep ``cache_size`` entries (least recently used out); warn once past it."""
@@ -539,26 +560,6 @@ class _Jitted(Generic[_P, _R]):
                 JitWarning,
                 stacklevel=5,
             )
-
-    def _describe(self, flat: Flat) -> str:
-        names = [f"args[{i}]" for i in range(flat.nargs)] + [f"{k}=" for k in flat.sig[1]]
-        parts = []
-        for n, d in zip(names, flat.descs):
-            struct, _, layout, leaves = d.key.value
-            if d.kind == "td":
-                keys = ", ".join(repr(p[0] if len(p) == 1 else p) for p in d.paths())
-                head, layout = f"TensorDict({keys})", tuple(node[2] for node in struct)
-            else:
-                head = "tensor" if d.kind == "tensor" else str(d.spec)
-            values = ", ".join(
-                f"{p[1]}{list(p[0])}".replace("torch.", "")
-                if isinstance(p[0], torch.Size)
-                else shown(p)
-                for p in leaves
-            )
-            batch = f" batch {[list(b) for b in layout]}" if layout else ""
-            parts.append(f"{n}: {head}{batch} ({values})")
-        return "; ".join(parts)
 
     # ------------------------------------------------------------ donation
     def _donated_inputs(self, flat: Flat) -> list[int]:
