@@ -144,22 +144,9 @@ class _Entry:
     """One compiled signature: the code and how to rebuild the output tree."""
 
     __slots__ = (
-        "aliases",
-        "donated",
-        "dyn",
-        "from_disk",
-        "graph",
-        "guards",
-        "out_computed",
-        "out_leaves",
-        "out_spec",
-        "outputs",
-        "passthrough",
-        "run",
-        "shapes",
-        "source",
-        "struct",
-    )
+        "aliases", "donated", "dyn", "from_disk", "graph", "guards", "out_computed",
+        "out_leaves", "out_spec", "outputs", "passthrough", "run", "shapes", "source", "struct",
+    )  # fmt: skip
     aliases: Any
     donated: Any
     dyn: Any
@@ -672,6 +659,14 @@ def jit(  # type: ignore[misc]  # overload 2 spells jit's keywords as **options
         cuda_graph: replay one CUDA graph per signature on CUDA inputs (the compiled
             code recorded by ``fd.cuda_graph``'s recorder, after 2 warm-up calls);
             without CUDA, one :class:`CudaGraphWarning` and compiled calls.
+
+    Warm starts and the compile log: inductor's cache on disk
+    (``TORCHINDUCTOR_CACHE_DIR``, by default ``<tmp>/torchinductor_<user>``) serves a
+    second process compiling the same ``f`` and signature (``cache_info().from_disk``
+    counts those; ``lower(*args).from_disk``), unless group or others can write that
+    directory (then one :class:`JitWarning` and no cache). A compile longer than 2 s
+    logs its start and end (seconds, from disk or not) at INFO on the ``"functd"``
+    logger: ``logging.getLogger("functd").setLevel(logging.INFO)`` and a handler show it.
 
     Returns:
         A callable with ``f``'s name and doc, and ``cache_size()``, ``cache_info()``,
