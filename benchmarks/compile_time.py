@@ -9,8 +9,10 @@ building are before it):
 - warm: caches on, in a cache directory a first child (caches on, "fill") filled with
   the same function and signature: what a user who reruns a script waits. "from
   disk": inductor's FX graph cache hits/misses/bypasses in that child (fd.jit's
-  ``cache_info().from_disk`` for fd.jit); "warm process s" is the warm child's whole
-  life up to the end of its first call (interpreter start and imports included).
+  ``cache_info().from_disk`` for fd.jit); "warm CPU s" the CPU seconds of that first
+  call (the child and the processes it waited for: load-independent, unlike the wall
+  seconds on a shared machine); "warm process s" is the warm child's whole life up to
+  the end of its first call (interpreter start and imports included).
 
 Rows: the tutorial block at batch 1 (benchmarks/tutorial_block.py), a 2-layer HF BERT
 eval call (small random config, batch 8 x 32 tokens; ``attn_implementation="eager"``
@@ -25,7 +27,8 @@ compilation cache in a directory a first run filled) where ``--jax-python`` (or
 ``/work/venvs/jax/bin/python``) has jax and optax.
 
 Run: ``.venv/bin/python benchmarks/compile_time.py [--rows block,adam,bert-eager,
-bert-sdpa,ppo1,ppo64] [--impls fd.jit,torch.compile] [--timeout 900]``.
+bert-sdpa,ppo1,ppo64] [--impls fd.jit,torch.compile] [--phases cold,fill,warm]
+[--timeout 900]``; the first phase run also times the compiled call.
 ``BENCH_QUICK=1``: the block and the Adam step only. Threads: BENCH_THREADS (1).
 """
 
@@ -128,6 +131,18 @@ MAKERS = {
 
 
 # ------------------------------------------------------------------ one child
+def _cpu() -> float:
+    """CPU seconds of this process and of its children waited for (g++, inductor's ISA
+    probes); not those of inductor's compile worker pool, which live on."""
+    import resource
+
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
 def _child(spec: str) -> None:
     """Build ``row`` with ``impl``, time its first call, then (BENCH_CT_SPEED=1) its
     compiled call; one JSON line on stdout."""
@@ -144,13 +159,14 @@ def _child(spec: str) -> None:
         return out
 
     call = MAKERS[row](compiler)
-    t0 = time.perf_counter()
+    cpu0, t0 = _cpu(), time.perf_counter()
     call()
-    compile_s = time.perf_counter() - t0
+    compile_s, cpu_s = time.perf_counter() - t0, _cpu() - cpu0
     process_s = time.time() - float(os.environ["BENCH_CT_T0"])
     c = counters["inductor"]
     out = {
         "compile_s": compile_s,
+        "cpu_s": cpu_s,
         "process_s": process_s,
         "hit": c["fxgraph_cache_hit"],
         "miss": c["fxgraph_cache_miss"],
@@ -183,17 +199,18 @@ def spawn(row: str, impl: str, cache: str, cold: bool, speed: bool, timeout: flo
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
-def measure(row: str, impl: str, timeout: float) -> dict:
-    """cold (caches off, with the call's speed), fill and warm (caches on, one dir)."""
+def measure(row: str, impl: str, timeout: float, phases: list[str]) -> dict:
+    """cold (caches off), fill and warm (caches on, one directory): the phases asked
+    for; the first one run also times the compiled call."""
+    out: dict = {}
     with tempfile.TemporaryDirectory() as cold_dir, tempfile.TemporaryDirectory() as warm_dir:
-        cold = spawn(row, impl, cold_dir, True, True, timeout)
-        print(f"  {row} {impl} cold: {cold}", flush=True)
-        if "error" in cold:
-            return {"cold": cold}
-        fill = spawn(row, impl, warm_dir, False, False, timeout)
-        warm = spawn(row, impl, warm_dir, False, False, timeout)
-        print(f"  {row} {impl} fill: {fill}\n  {row} {impl} warm: {warm}", flush=True)
-    return {"cold": cold, "fill": fill, "warm": warm}
+        for phase in phases:
+            d = cold_dir if phase == "cold" else warm_dir
+            out[phase] = spawn(row, impl, d, phase == "cold", not out, timeout)
+            print(f"  {row} {impl} {phase}: {out[phase]}", flush=True)
+            if "error" in out[phase]:
+                break
+    return out
 
 
 def jax_measure(python: str, agents: int, timeout: float) -> dict:
@@ -248,7 +265,7 @@ def _load() -> str:
 
 def _cell(d: dict, key: str, fmt: str = "{:.1f}") -> str:
     if "error" in d:
-        return "failed"
+        return "-" if d["error"] == "not run" else "failed"
     return fmt.format(d[key]) if key in d else "-"
 
 
@@ -260,36 +277,36 @@ def _disk(d: dict) -> str:
 
 
 def rows_of(row: str, impl: str, m: dict) -> list:
-    cold, warm = m["cold"], m.get("warm", {"error": cold_error(m)})
-    speed = cold.get("call_us")
+    none = {"error": "not run"}
+    cold, fill, warm = m.get("cold", none), m.get("fill", none), m.get("warm", none)
+    first = next(iter(m.values()))
+    speed = first.get("call_us")
     if speed is None:
-        call = "failed" if "error" in cold else "-"
+        call = "-"
     elif row.startswith("ppo"):
         call = f"{speed / 1e3:.1f} ms"
     else:
         call = f"{speed:.0f} µs"
-    note = cold.get("error", "")
+    errors = [f"{k}: {v['error']}" for k, v in m.items() if "error" in v]
     return [
         row,
         impl,
         _cell(cold, "compile_s"),
-        _cell(m.get("fill", cold), "compile_s"),
+        _cell(fill, "compile_s"),
         _cell(warm, "compile_s"),
+        _cell(warm, "cpu_s"),
         _cell(warm, "process_s"),
         _disk(warm) if "warm" in m else "-",
         call,
-        note,
+        "; ".join(errors),
     ]
-
-
-def cold_error(m: dict) -> str:
-    return m["cold"].get("error", "not run")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rows", default=",".join(ROWS[:2] if QUICK else ROWS))
     p.add_argument("--impls", default=",".join(IMPLS))
+    p.add_argument("--phases", default="cold,fill,warm", help="which children (in order)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per child")
     p.add_argument("--jax-python", default=JAX_PYTHON if os.path.exists(JAX_PYTHON) else None)
     args = p.parse_args()
@@ -303,13 +320,15 @@ def main() -> None:
     out = []
     for row in rows:
         for impl in args.impls.split(","):
-            out.append(rows_of(row, impl, measure(row, impl, args.timeout)))
+            m = measure(row, impl, args.timeout, args.phases.split(","))
+            out.append(rows_of(row, impl, m))
         if row.startswith("ppo") and args.jax_python:
             j = jax_measure(args.jax_python, int(row[3:]), args.timeout)
             call = f"{j['cold']['update_s'] * 1e3:.1f} ms" if "update_s" in j["cold"] else "-"
-            cells = [_cell(j["cold"], "compile_s"), "-", _cell(j["warm"], "compile_s"), "-"]
+            cells = [_cell(j["cold"], "compile_s"), "-", _cell(j["warm"], "compile_s"), "-", "-"]
             out.append([row, "JAX jit(vmap(train))", *cells, "JAX cache", call, ""])
-    header = ["row", "implementation", "cold s", "fill s", "warm s", "warm process s"]
+    header = ["row", "implementation", "cold s", "fill s", "warm s", "warm CPU s"]
+    header += ["warm process s"]
     header += ["warm: from disk", "call", "note"]
     print(f"\n{head}; load {_load()} at the end)\n")
     print(table(header, out))
