@@ -80,6 +80,7 @@ def test_a_missing_cache_dir_is_created_private(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700  # its parent too
 
 
 @pytest.mark.parametrize("mode", [0o775, 0o757, 0o777])
@@ -95,7 +96,10 @@ def test_a_cache_dir_others_can_write_turns_the_caches_off_with_one_warning(
     with config.patch(force_disable_caches=False), pytest.warns(JitWarning) as rec:
         with _jit_disk.disk_cache("fd.jit(f)", JitWarning) as disk:
             assert config.force_disable_caches is True  # for this compile only
+            private = os.environ["TORCHINDUCTOR_CACHE_DIR"]  # its files go elsewhere
+            assert private != str(path) and _jit_disk.unsafe_reason(private) is None
         assert config.force_disable_caches is False
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(path)
     assert not disk.enabled and not disk.hit
     (w,) = rec.list
     assert str(w.message).startswith(f"fd.jit(f): inductor's cache directory {path} can be")
@@ -105,6 +109,17 @@ def test_a_cache_dir_others_can_write_turns_the_caches_off_with_one_warning(
         warnings.simplefilter("error")  # once per directory
         with _jit_disk.disk_cache("fd.jit(f)", JitWarning):
             assert config.force_disable_caches is True
+
+
+def test_a_cache_dir_inside_a_directory_others_can_write_is_not_read(tmp_path):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    (shared / "mine").mkdir(mode=0o700)
+    why = _jit_disk.unsafe_reason(str(shared / "mine")) or ""
+    assert why.startswith(f"is inside {shared}, which others can write")
+    shared.chmod(0o1777)  # sticky, as /tmp: others cannot rename what is ours
+    assert _jit_disk.unsafe_reason(str(shared / "mine")) is None
 
 
 @pytest.mark.skipif(getattr(os, "getuid", lambda: 1)() != 0, reason="chown needs root")

@@ -13,9 +13,10 @@ cacheable: ``disk_cache`` marks the loop ops fd.scan/fd.while_loop trace to
 The cache directory is torch's: ``TORCHINDUCTOR_CACHE_DIR``, by default
 ``<tmp>/torchinductor_<user>``. torch loads code from it without checking who can
 write it, so fd.jit does (``unsafe_reason``): a directory owned by another user, or
-that group or others can write, turns the caches off for the compile, with one
-``JitWarning`` per directory naming it and the fix. A directory that does not exist
-yet is created private (mode 0o700), whatever the umask.
+that group or others can write (itself, or a parent without the sticky bit), turns
+the caches off for the compile, which writes its files into a new private temporary
+directory instead, with one ``JitWarning`` per directory naming it and the fix. A
+directory that does not exist yet is created private (mode 0o700), whatever the umask.
 
 Example:
     >>> with disk_cache("fd.jit(f)", UserWarning) as disk:
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+import tempfile
 import warnings
 from collections.abc import Iterator
 
@@ -41,8 +43,8 @@ _MAX_WARNED = 16
 
 UNSAFE_DIR = (
     "{name}: inductor's cache directory {path} {why}; code loaded from it would run in "
-    "this process, so fd.jit compiled without the on-disk caches (no warm start from "
-    "disk). Fix: `chmod go-w {path}` if it is yours, or point TORCHINDUCTOR_CACHE_DIR at "
+    "this process, so fd.jit compiled without the on-disk caches, in a private temporary "
+    "directory (no warm start from disk). Fix: `chmod go-w {path}` if it is yours, or point TORCHINDUCTOR_CACHE_DIR at "
     "a directory only you can write (e.g. one under your home). Shown once per directory."
 )
 
@@ -66,13 +68,16 @@ def cache_dir() -> str:
 
 
 def unsafe_reason(path: str) -> str | None:
-    """Why another user could write the code in ``path`` (None: they cannot). A missing
-    directory is created with mode 0o700."""
+    """Why another user could write the code in ``path`` (None: they cannot): the
+    directory is not ours or others can write it, or a parent directory is another
+    user's (root's is fine) or writable by others without the sticky bit (/tmp's
+    is set), so they could swap ``path`` for their own. A missing directory is
+    created with mode 0o700 (its missing parents too)."""
     getuid = getattr(os, "getuid", None)
     if getuid is None:  # Windows: no owner and mode bits to read
         return None
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        _makedirs_private(path)
         st = os.stat(path)
     except OSError as e:
         return f"cannot be created or read ({e.strerror})"
@@ -80,7 +85,44 @@ def unsafe_reason(path: str) -> str | None:
         return f"belongs to another user (uid {st.st_uid}, not {getuid()})"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"can be written by its group or by others (mode {stat.filemode(st.st_mode)})"
+    parent = os.path.dirname(path)
+    while parent != path:
+        up = os.stat(parent)
+        if up.st_uid not in (0, getuid()):
+            return f"is inside {parent}, which belongs to another user (uid {up.st_uid})"
+        if up.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not up.st_mode & stat.S_ISVTX:
+            return f"is inside {parent}, which others can write (mode {stat.filemode(up.st_mode)})"
+        path, parent = parent, os.path.dirname(parent)
     return None
+
+
+def _makedirs_private(path: str) -> None:
+    """``os.makedirs`` with mode 0o700 for every directory it creates (makedirs gives
+    the parents it creates the umask's default mode)."""
+    missing = []
+    while not os.path.isdir(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    for p in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(p, 0o700)
+
+
+@contextlib.contextmanager
+def _private_dir() -> Iterator[None]:
+    """inductor's caches off and its files in a new private temporary directory."""
+    from .._torch.inductor import config
+
+    old = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="functd_inductor_")
+    try:
+        with config.patch(force_disable_caches=True):
+            yield
+    finally:
+        if old is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = old
 
 
 @contextlib.contextmanager
@@ -104,7 +146,7 @@ def disk_cache(name: str, category: type[Warning], inductor: bool = True) -> Ite
                 _WARNED.clear()
             _WARNED.add(path)
             warnings.warn(UNSAFE_DIR.format(name=name, path=path, why=why), category, 4)
-        with config.patch(force_disable_caches=True):
+        with _private_dir():
             yield disk
         return
     marked = {**config.unsafe_marked_cacheable_functions}
