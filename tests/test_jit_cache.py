@@ -145,3 +145,34 @@ def test_a_private_cache_dir_marks_the_loop_ops_cacheable(tmp_path, monkeypatch)
     for op in (scan_op, while_loop_op):  # the names inductor checks (HigherOrderOperator)
         assert f"{op.__module__}.{op.__name__}" in marked
     assert "torch.ops.higher_order.scan" not in config.unsafe_marked_cacheable_functions
+
+
+BUFFERS = """
+import torch, functd as fd
+
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        for name in "abcdefgh":
+            self.register_buffer(name, torch.ones(3))
+
+    def forward(self, x):
+        return sum(getattr(self, n) * i for i, n in enumerate("hgfedcba")) + x
+
+m = fd.Module(M(), ["x"], ["y"])
+print(fd.jit(m, backend="fx").lower(fd.from_module(m), fd.TensorDict({"x": torch.ones(3)})).graph)
+"""
+
+
+def test_the_trace_is_the_same_in_processes_with_other_hash_seeds():
+    """A key of inductor's cache on disk is the graph: a trace that follows a set's
+    order (string hashes differ from process to process) would never hit it."""
+    graphs = []
+    for seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONWARNINGS": "ignore"}
+        out = subprocess.run(
+            [sys.executable, "-c", BUFFERS], env=env, capture_output=True, text=True, timeout=300
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        graphs.append(out.stdout)
+    assert "clone" in graphs[0] and graphs[0] == graphs[1]
