@@ -22,6 +22,12 @@ break each other). While a thread traces, torch's "compiling" flag is set for th
 whole process: a jitted function called in *that* thread inlines, in any other
 thread it runs as usual.
 
+Warm starts (``_jit_disk``): inductor's FX graph cache on disk (``TORCHINDUCTOR_CACHE_DIR``)
+serves a second process compiling the same function and signature; ``cache_info().from_disk``
+and ``lower(...).from_disk`` say so. A directory group or others can write is not used
+(one JitWarning). The compile log (``_jit_log``): a compile over 2 s logs its start and
+end at INFO on ``logging.getLogger("functd")`` (a NullHandler; no level set by functd).
+
 Example:
     >>> jstep = fd.jit(fd.train_step(loss, fd.optim.adam(1e-3)))
     >>> params, opt_state, metrics = jstep(params, opt_state, batch, key)
@@ -660,17 +666,11 @@ def jit(  # type: ignore[misc]  # overload 2 spells jit's keywords as **options
             code recorded by ``fd.cuda_graph``'s recorder, after 2 warm-up calls);
             without CUDA, one :class:`CudaGraphWarning` and compiled calls.
 
-    Warm starts and the compile log: inductor's cache on disk
-    (``TORCHINDUCTOR_CACHE_DIR``, by default ``<tmp>/torchinductor_<user>``) serves a
-    second process compiling the same ``f`` and signature (``cache_info().from_disk``
-    counts those; ``lower(*args).from_disk``), unless group or others can write that
-    directory (then one :class:`JitWarning` and no cache). A compile longer than 2 s
-    logs its start and end (seconds, from disk or not) at INFO on the ``"functd"``
-    logger: ``logging.getLogger("functd").setLevel(logging.INFO)`` and a handler show it.
-
     Returns:
-        A callable with ``f``'s name and doc, and ``cache_size()``, ``cache_info()``,
-        ``cache_clear()`` and ``lower(*args)`` (the graph and generated code).
+        A callable with ``f``'s name and doc, ``cache_size()``, ``cache_info()``
+        (``from_disk``: compiles loaded from inductor's cache on disk, a warm start),
+        ``cache_clear()`` and ``lower(*args)``. A compile over 2 s logs its start and end
+        at INFO on the ``"functd"`` logger, silent unless the application shows it.
 
     Raises:
         TransformError: ``f`` cannot be traced purely (see Rules), or is called
@@ -690,5 +690,4 @@ def jit(  # type: ignore[misc]  # overload 2 spells jit's keywords as **options
     if f is None:
         return functools.partial(jit, **kw)
     static, donate = checked(f, static_argnums, donate_argnums, dynamic, cache_size, backend)
-    cls = _GraphedJit if cuda_graph else _Jitted
-    return cls(f, static, donate, dynamic, cache_size, backend)
+    return (_GraphedJit if cuda_graph else _Jitted)(f, static, donate, dynamic, cache_size, backend)
