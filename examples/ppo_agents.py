@@ -20,6 +20,10 @@ update, ``fd.jit(fd.vmap(update))``, into one graph (see notes/ppo.md)::
 
     python examples/ppo_agents.py --agents 16 --steps 16384 --seed 0 --json out.json
 
+With ``--jit`` the command line shows functd's compile log (``logging.getLogger("functd")``
+at INFO): a line when the compile starts and one when it ends, with its seconds and
+whether inductor's cache on disk answered (a second run of the same command).
+
 Nothing is written into the current folder unless asked (``--json``, ``--save``,
 ``--plot``).
 """
@@ -31,6 +35,7 @@ import dataclasses
 import functools
 import importlib.util
 import json
+import logging
 import math
 import pathlib
 import sys
@@ -580,10 +585,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    log, shown = logging.getLogger("functd"), logging.StreamHandler(sys.stdout)
+    level = log.level
+    if args.jit:  # fd.jit's compile log: "compiling signature ...", "compiled ... in 41.2 s"
+        log.addHandler(shown)
+        log.setLevel(logging.INFO)
     try:
         return _main(args)
     finally:
         torch.set_num_threads(threads)
+        log.removeHandler(shown)
+        log.setLevel(level)
 
 
 def _main(args: argparse.Namespace) -> dict[str, Any]:

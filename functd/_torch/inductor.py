@@ -21,11 +21,13 @@ from typing import Any
 from torch._inductor import config, inductor_prims, lowering
 from torch._inductor.custom_graph_pass import CustomGraphPass
 from torch._inductor.decomposition import select_decomp_table
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 __all__ = [
     "CustomGraphPass",
     "compile_fx_inner",
     "config",
+    "default_cache_dir",
     "inductor_prims",
     "lowering",
     "select_decomp_table",
@@ -44,6 +46,8 @@ def compile_fx_inner(*args: Any, **kwargs: Any) -> Any:
 #   (``cpp.min_chunk_size``, ``realize_opcount_threshold``, the post-grad passes);
 # - ``compile_fx_inner(gm, fakes, cpp_wrapper=..., is_inference=True)``: compiles one
 #   ATen-level graph (what torch.compile calls after AOTAutograd);
+# - ``default_cache_dir()``: inductor's cache directory when TORCHINDUCTOR_CACHE_DIR is
+#   unset (``<tmp>/torchinductor_<user>``); fd.jit checks who can write it;
 # - ``CustomGraphPass``: the base of a post-grad pass inductor accepts in its config
 #   (and hashes into its cache key);
 # - ``select_decomp_table()``: the decompositions inductor lowers with (fd.jit traces

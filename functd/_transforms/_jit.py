@@ -22,6 +22,12 @@ break each other). While a thread traces, torch's "compiling" flag is set for th
 whole process: a jitted function called in *that* thread inlines, in any other
 thread it runs as usual.
 
+Warm starts (``_jit_disk``): inductor's FX graph cache on disk (``TORCHINDUCTOR_CACHE_DIR``)
+serves a second process compiling the same function and signature; ``cache_info().from_disk``
+and ``lower(...).from_disk`` say so. A directory group or others can write is not used
+(one JitWarning). The compile log (``_jit_log``): a compile over 2 s logs its start and
+end at INFO on ``logging.getLogger("functd")`` (a NullHandler; no level set by functd).
+
 Example:
     >>> jstep = fd.jit(fd.train_step(loss, fd.optim.adam(1e-3)))
     >>> params, opt_state, metrics = jstep(params, opt_state, batch, key)
@@ -49,9 +55,11 @@ from .._torch.ops import any_autocast
 from ._cuda_graph import _CudaRecorder, _Graphed, auto_graph
 from ._jit_artifact import Compiled, Lowered, build
 from ._jit_code import make_match, make_outputs
+from ._jit_disk import disk_cache
+from ._jit_log import CompileLog, describe
 from ._jit_options import checked
 from ._jit_trace import Static, compile_graph, trace
-from ._signature import Flat, describe_change, shown, skeleton, unhashable
+from ._signature import Flat, describe_change, skeleton, unhashable
 from ._vmap import TransformError
 
 __all__ = ["CacheInfo", "JitWarning", "Lowered", "compiles", "jit"]
@@ -110,6 +118,7 @@ class CacheInfo(NamedTuple):
     calls: int  # calls answered by compiled code (the first call of a signature too)
     size: int  # compiled entries held now
     maxsize: int
+    from_disk: int = 0  # compiles answered by inductor's cache on disk (a warm start)
 
 
 def _plain(v: Any) -> bool:
@@ -128,24 +137,13 @@ class _Entry:
     """One compiled signature: the code and how to rebuild the output tree."""
 
     __slots__ = (
-        "aliases",
-        "donated",
-        "dyn",
-        "graph",
-        "guards",
-        "out_computed",
-        "out_leaves",
-        "out_spec",
-        "outputs",
-        "passthrough",
-        "run",
-        "shapes",
-        "source",
-        "struct",
-    )
+        "aliases", "donated", "dyn", "from_disk", "graph", "guards", "out_computed",
+        "out_leaves", "out_spec", "outputs", "passthrough", "run", "shapes", "source", "struct",
+    )  # fmt: skip
     aliases: Any
     donated: Any
     dyn: Any
+    from_disk: Any
     graph: Any
     guards: Any
     out_computed: Any
@@ -219,7 +217,7 @@ class _Jitted(Generic[_P, _R]):
         self._by_struct: dict[tuple, list[_Entry]] = {}
         self._last_sig: tuple | None = None
         self._warned = False
-        self._counts = [0, 0]  # compiles, calls
+        self._counts = [0, 0, 0]  # compiles, calls, compiled entries loaded from disk
         self._graphed: _Graphed | None = None
         self._fast: tuple | None = None  # the latest signature, checked without a key
         self._varying: set[int] = set()  # arguments whose batch size was seen to change
@@ -249,8 +247,10 @@ class _Jitted(Generic[_P, _R]):
         return len(self._lru)
 
     def cache_info(self) -> CacheInfo:
-        """Compilations and calls so far, and the cache's size."""
-        return CacheInfo(self._counts[0], self._counts[1], len(self._lru), self._maxsize)
+        """Compilations and calls so far, the cache's size, and how many of the
+        compilations loaded their code from inductor's cache on disk."""
+        c = self._counts
+        return CacheInfo(c[0], c[1], len(self._lru), self._maxsize, c[2])
 
     def cache_clear(self) -> None:
         """Drop every compiled signature (and CUDA graph recording)."""
@@ -277,7 +277,7 @@ class _Jitted(Generic[_P, _R]):
         flat = Flat(args, kwargs, {})
         with self._lock:
             entry = self._entry(flat, args, kwargs)
-        sig, name = self._describe(flat), self._name()
+        sig, name = describe(flat), self._name()
 
         def aot() -> Compiled:  # Lowered.compile(): traced again, static, nothing donated
             with _TRACE_LOCK:
@@ -288,7 +288,8 @@ class _Jitted(Generic[_P, _R]):
                 finally:
                     _TRACING[0] = outer
 
-        return Lowered(sig, entry.dyn or (), entry.graph, entry.source, aot)
+        dyn = entry.dyn or ()
+        return Lowered(sig, dyn, entry.graph, entry.source, aot, from_disk=entry.from_disk)
 
     # ------------------------------------------------------------ calls
     def _fname(self) -> str:
@@ -468,29 +469,17 @@ class _Jitted(Generic[_P, _R]):
     ) -> _Entry:
         dyn = self._dyn_dims(flat, family)
         donated = frozenset(self._donated_inputs(flat))
-        name = self._name()
-        with _TRACE_LOCK:
+        with _TRACE_LOCK, CompileLog(self._name(), lambda: describe(flat)) as log:
             outer, _TRACING[0] = _TRACING[0], _get_ident()
             try:
-                traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
-                graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
-                try:
-                    run, source = compile_graph(traced, self._backend)
-                except Exception as err:
-                    if "higher_order.scan" not in graph:
-                        raise
-                    from ._loops_hop import loops_unrolled  # a loop inductor cannot compile
-
-                    with loops_unrolled(err):
-                        traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
-                    graph = traced.gm.code
-                    run, source = compile_graph(traced, self._backend)
+                traced, graph, run, source = self._build(flat, args, kwargs, dyn, donated, log)
             finally:
                 _TRACING[0] = outer
             _COUNT[0] += 1
         self._counts[0] += 1
+        self._counts[2] += log.from_disk
         e = _Entry()
-        e.run, e.source, e.graph = run, source, graph
+        e.run, e.source, e.graph, e.from_disk = run, source, graph, log.from_disk
         e.out_spec, e.out_leaves = traced.out_spec, traced.out_leaves
         sources = [f"K[{i}]" for i in range(len(traced.out_leaves))]
         for k, i in enumerate(traced.out_computed):
@@ -499,7 +488,8 @@ class _Jitted(Generic[_P, _R]):
             sources[i] = f"ins[{j}]"
         e.outputs = make_outputs(traced.out, traced.out_spec, sources, traced.out_leaves, run)
         if self._cuda_graph is None:  # CUDA graphs by default, where they can record
-            e.outputs = auto_graph(e.outputs, flat, dyn, traced.donated, self._recorder, name)
+            rec, name = self._recorder, self._name()
+            e.outputs = auto_graph(e.outputs, flat, dyn, traced.donated, rec, name)
         e.out_computed, e.passthrough, e.donated = (
             traced.out_computed,
             traced.passthrough,
@@ -513,6 +503,29 @@ class _Jitted(Generic[_P, _R]):
         family.append(e)
         self._evict(flat)
         return e
+
+    def _build(self, flat: Flat, args: tuple, kwargs: dict, dyn: Any, donated: Any, log: Any):
+        """(traced, its graph's code, run, source): the trace and the compile, the
+        compiled code possibly from inductor's cache on disk (``log.from_disk``)."""
+        name, on_disk = self._name(), self._backend == "inductor"
+        traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
+        graph = traced.gm.code  # as traced (inductor rewrites the module it compiles)
+        log.checkpoint()
+        try:
+            with disk_cache(name, JitWarning, on_disk) as disk:
+                run, source = compile_graph(traced, self._backend)
+        except Exception as err:
+            if "higher_order.scan" not in graph:
+                raise
+            from ._loops_hop import loops_unrolled  # a loop inductor cannot compile
+
+            with loops_unrolled(err):
+                traced = trace(self._f, name, flat, args, kwargs, dyn, donated)
+            graph = traced.gm.code
+            with disk_cache(name, JitWarning, on_disk) as disk:
+                run, source = compile_graph(traced, self._backend)
+        log.from_disk = disk.hit
+        return traced, graph, run, source
 
     def _evict(self, flat: Flat) -> None:
         """Keep ``cache_size`` entries (least recently used out); warn once past it."""
@@ -540,26 +553,6 @@ class _Jitted(Generic[_P, _R]):
                 JitWarning,
                 stacklevel=5,
             )
-
-    def _describe(self, flat: Flat) -> str:
-        names = [f"args[{i}]" for i in range(flat.nargs)] + [f"{k}=" for k in flat.sig[1]]
-        parts = []
-        for n, d in zip(names, flat.descs):
-            struct, _, layout, leaves = d.key.value
-            if d.kind == "td":
-                keys = ", ".join(repr(p[0] if len(p) == 1 else p) for p in d.paths())
-                head, layout = f"TensorDict({keys})", tuple(node[2] for node in struct)
-            else:
-                head = "tensor" if d.kind == "tensor" else str(d.spec)
-            values = ", ".join(
-                f"{p[1]}{list(p[0])}".replace("torch.", "")
-                if isinstance(p[0], torch.Size)
-                else shown(p)
-                for p in leaves
-            )
-            batch = f" batch {[list(b) for b in layout]}" if layout else ""
-            parts.append(f"{n}: {head}{batch} ({values})")
-        return "; ".join(parts)
 
     # ------------------------------------------------------------ donation
     def _donated_inputs(self, flat: Flat) -> list[int]:
@@ -674,8 +667,9 @@ def jit(  # type: ignore[misc]  # overload 2 spells jit's keywords as **options
             False: never. True: ``fd.cuda_graph``'s wrapper, its errors and warnings.
 
     Returns:
-        A callable with ``f``'s name and doc, and ``cache_size()``, ``cache_info()``,
-        ``cache_clear()`` and ``lower(*args)`` (the graph and generated code).
+        A callable with ``f``'s name and doc, ``cache_size()``, ``cache_info()``
+        (``from_disk``: compiles loaded from inductor's disk cache), ``cache_clear()``,
+        ``lower(*args)``. A compile over 2 s logs at INFO on the "functd" logger.
 
     Raises:
         TransformError: ``f`` cannot be traced purely (see Rules), or is called

@@ -91,7 +91,7 @@ class Lowered:
         >>> lowered.save("block.pt2")
     """
 
-    __slots__ = ("_aot", "_compiled", "dynamic", "graph", "signature", "source")
+    __slots__ = ("_aot", "_compiled", "dynamic", "from_disk", "graph", "signature", "source")
 
     def __init__(
         self,
@@ -100,13 +100,17 @@ class Lowered:
         graph: str,
         source: str | None,
         aot: Callable[[], Compiled] | None = None,
+        *,
+        from_disk: bool = False,
     ) -> None:
         self.signature, self.dynamic, self.graph, self.source = signature, dynamic, graph, source
+        self.from_disk = from_disk  # fd.jit's entry came from inductor's cache on disk
         self._aot = aot
         self._compiled: Compiled | None = None
 
     def __str__(self) -> str:
-        return f"# signature: {self.signature}\n# graph\n{self.graph}\n# code\n{self.source}"
+        head = f"# signature: {self.signature}" + " (from disk)" * self.from_disk
+        return f"{head}\n# graph\n{self.graph}\n# code\n{self.source}"
 
     def __repr__(self) -> str:
         return f"Lowered({self.signature})"

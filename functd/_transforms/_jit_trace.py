@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import itertools
 import os
 import traceback
 from collections.abc import Callable, Iterator
@@ -466,16 +467,14 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list[Any]], Any], 
 
 
 def _fake_mode_of(gm: torch.fx.GraphModule, fakes: list[Any]) -> Any:
-    """A graph without tensor inputs: its trace's fake mode made current, which inductor
-    would otherwise replace by one without a ShapeEnv (in which its lowering of a loop
-    op fails: "DataDependentOutputException: aten._local_scalar_dense")."""
-    if fakes:
-        return contextlib.nullcontext()
-    for node in gm.graph.nodes:
-        v = node.meta.get("val")
-        if isinstance(v, FakeTensor):
-            return tracing(TracingContext(v.fake_mode))
-    return contextlib.nullcontext()
+    """The trace's fake mode (and its ShapeEnv) made current for inductor: its FX graph
+    cache looks a graph up only under a shape env (else no warm start from disk:
+    ``_jit_disk``), and a graph without tensor inputs would otherwise get a mode without
+    a ShapeEnv (in which its lowering of a loop op fails:
+    "DataDependentOutputException: aten._local_scalar_dense")."""
+    vals = itertools.chain(fakes, (node.meta.get("val") for node in gm.graph.nodes))
+    mode = next((v.fake_mode for v in vals if isinstance(v, FakeTensor)), None)
+    return contextlib.nullcontext() if mode is None else tracing(TracingContext(mode))
 
 
 class Direct:

@@ -207,8 +207,8 @@ class FunctionalCall(Layer):
         flat = flat_state(params)
         if not self._clone:  # no buffer: nothing to clone, watch or return
             return self._run(flat, args, kwargs, key)
-        for name in self._clone.intersection(flat):
-            flat[name] = flat[name].clone()
+        for name in sorted(self._clone.intersection(flat)):  # sorted: the same trace in
+            flat[name] = flat[name].clone()  # every process (fd.jit's cache key on disk)
         out, wrote = self._watched(flat, args, kwargs, key)
         wrote = [n for n in wrote if n not in self._stats]
         if wrote:
