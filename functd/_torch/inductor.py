@@ -65,7 +65,6 @@ def vec_isa_checked_once() -> None:
     if (
         isa.valid_vec_isa_list.cache_info().currsize
         or config.cpp.vec_isa_ok is not None
-        or config.is_fbcode()
         or sys.platform != "linux"
         or platform.machine() != "x86_64"
     ):
