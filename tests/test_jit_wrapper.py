@@ -97,6 +97,19 @@ def test_is_big_counts_loop_bodies_as_big_and_nodes_against_the_threshold():
     assert "cpp_wrapper_build_separate" not in opts.inductor_options(with_sub, cpu=False)
 
 
+def test_a_loop_graph_gets_the_python_wrapper_before_torch_2_13():
+    root = torch.nn.Module()
+    root.body = torch.fx.symbolic_trace(lambda x: x * 2)
+    graph = torch.fx.Graph()
+    graph.output(graph.get_attr("body"))
+    with_loop, plain = torch.fx.GraphModule(root, graph), torch.fx.symbolic_trace(lambda x: x.sin())
+    assert opts.uses_cpp_wrapper(with_loop, cpu=True, version="2.13.0")
+    assert opts.uses_cpp_wrapper(with_loop, cpu=True, version="2.14.1+cpu")
+    assert not opts.uses_cpp_wrapper(with_loop, cpu=True, version="2.12.1")
+    assert opts.uses_cpp_wrapper(plain, cpu=True, version="2.11.0")
+    assert not opts.uses_cpp_wrapper(plain, cpu=False, version="2.13.0")
+
+
 # ------------------------------------------------------------------ the vector ISA
 class _FakeISA:
     """An ISA inductor's list accepts by its flags (``str``) and a probe (``bool``),

@@ -35,37 +35,59 @@ import torch
 
 from ._jit_passes import BatchOneBmm, PostGrad
 
-__all__ = ["BIG_GRAPH", "GRAIN", "WRAPPER_OPT", "inductor_options", "is_big"]
+__all__ = [
+    "BIG_GRAPH",
+    "CPP_LOOPS",
+    "GRAIN",
+    "WRAPPER_OPT",
+    "has_loop",
+    "inductor_options",
+    "is_big",
+    "uses_cpp_wrapper",
+]
 
 # A CPU loop of the compiled code runs on several threads only when each gets at least
 # this many elements: ATen's grain size (eager's rule), not inductor's default of 512.
 # The graphs fd.jit sees are small models (many short kernels), where a fork-join per
 # kernel costs more than it saves, and stalls whenever another process holds a core.
 GRAIN = 32768
-#: graph nodes (loop bodies included) from which the C++ wrapper is built apart, at
-#: ``WRAPPER_OPT``; a graph with a loop op is big whatever its size
-BIG_GRAPH = 400
+#: graph nodes from which the C++ wrapper is built apart, at ``WRAPPER_OPT`` (a graph
+#: with a loop op is big whatever its size). Measured: apart costs small graphs more
+#: than it saves (a second compile and header): the tutorial block (10 nodes) 9.5
+#: against 8.2 CPU s, a 2-layer BERT (183 nodes) 12.2 against 10.0; PPO's update (loops)
+#: 68 against 151. 1000 is a guess between (an unrolled loop, a model 5x BERT's size)
+BIG_GRAPH = 1000
 #: g++'s optimisation level for a big graph's C++ wrapper (its kernels keep -O3)
 WRAPPER_OPT = "O2"
+#: the first torch whose C++ wrapper compiles loop ops (2.11 and 2.12 assert in
+#: ``codegen_while_loop``, issue 37): before it a graph with a loop gets the Python one
+CPP_LOOPS = (2, 13)
+
+
+def has_loop(gm: torch.fx.GraphModule) -> bool:
+    """``gm`` holds a subgraph: a loop op's body or condition (torch's scan, while_loop)."""
+    return any(sub is not gm for _, sub in gm.named_modules() if hasattr(sub, "graph"))
+
+
+def uses_cpp_wrapper(gm: torch.fx.GraphModule, cpu: bool, version: str = torch.__version__) -> bool:
+    """Inductor's C++ wrapper (called without its Python shim, ``Direct``) for a graph
+    whose inputs are all on the CPU; its Python wrapper on a GPU, and for a graph with a
+    loop on a torch before ``CPP_LOOPS``."""
+    if not cpu:
+        return False
+    major, minor = (int(p) for p in version.split(".")[:2])
+    return (major, minor) >= CPP_LOOPS or not has_loop(gm)
 
 
 def is_big(gm: torch.fx.GraphModule) -> bool:
     """A graph whose C++ wrapper is built apart: it has a loop op (torch's scan or
     while_loop, whose bodies the wrapper inlines) or ``BIG_GRAPH`` nodes or more."""
-    nodes = 0
-    for _, sub in gm.named_modules():
-        graph = getattr(sub, "graph", None)
-        if graph is None:
-            continue
-        if sub is not gm:
-            return True  # a subgraph: a loop's body (or its condition)
-        nodes += len(graph.nodes)
-    return nodes >= BIG_GRAPH
+    return has_loop(gm) or len(gm.graph.nodes) >= BIG_GRAPH
 
 
 def inductor_options(gm: torch.fx.GraphModule, cpu: bool) -> dict[str, Any]:
     """The inductor config fd.jit compiles ``gm`` under (``cpu``: its C++ wrapper is
-    used, every input on the CPU)."""
+    used, ``uses_cpp_wrapper``)."""
     options: dict[str, Any] = {
         "cpp.min_chunk_size": GRAIN,
         # a matmul with one row (batch 1) on the CPU as a fused multiply-and-sum rather

@@ -428,14 +428,15 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list[Any]], Any], 
         return (lambda ins: gm(*ins)), None
     from .._torch.inductor import compile_fx_inner, vec_isa_checked_once
     from .._torch.inductor import config as inductor_config
-    from ._jit_compile_options import inductor_options
+    from ._jit_compile_options import inductor_options, uses_cpp_wrapper
 
     cpu = all(x.device.type == "cpu" for x in t.fakes)
-    options = inductor_options(gm, cpu)
+    cpp = uses_cpp_wrapper(gm, cpu)
+    options = inductor_options(gm, cpp)
     if cpu:
         vec_isa_checked_once()
     with _tracing(), inductor_config.patch(options), _fake_mode_of(gm, t.fakes):
-        compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
+        compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpp, is_inference=True)
     run = compiled.current_callable
     # inductor's C++ shim appends the graph's tensor constants to the inputs: only a
     # graph without constants may skip it (else the entry reads past its inputs)
