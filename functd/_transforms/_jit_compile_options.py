@@ -10,14 +10,15 @@ options. What each one is for (figures: notes/compile.md):
 - ``realize_opcount_threshold`` pinned at inductor's default, 30;
 - fd.jit's own post-grad passes (``_jit_passes.py``);
 - **the C++ wrapper built apart from its kernels** for a big graph
-  (``cpp_wrapper_build_separate``, the wrapper at ``WRAPPER_OPT``). Inductor compiles
-  a graph's C++ wrapper (the function that allocates buffers and calls the kernels,
-  loop bodies inlined into it) and its kernels as one file at ``-O3``; g++'s ``-O3``
-  on a wrapper of thousands of lines is what a big graph's compile is made of (PPO's
-  update: 108 of 151 CPU s; the same wrapper alone takes 13 s at ``-O2``, the kernels
-  5 s at ``-O3``). The wrapper only sequences calls, so ``-O2`` costs it nothing
-  measurable at run time; small graphs keep the single file (one compile, no
-  second precompiled header).
+  (``cpp_wrapper_build_separate``, the wrapper at ``WRAPPER_OPT``, -O1: inductor's
+  default for that option). Inductor compiles a graph's C++ wrapper (the function
+  that allocates buffers and calls the kernels, loop bodies inlined into it) and its
+  kernels as one file at ``-O3``; g++'s ``-O3`` on a wrapper of thousands of lines is
+  what a big graph's compile is made of (PPO's update: 108 of 151 CPU s in that
+  file; apart, the wrapper takes 7.4 s at ``-O1``, 12.6 s at ``-O2``, the kernels 4.4 s
+  at ``-O3``). The wrapper only sequences calls: PPO's update runs at par (11.1 ms
+  one file, 11.3 ms -O1, 11.3 ms -O2, CPU ms, interleaved in one process). Small
+  graphs keep the one file (apart costs them a second compile and header).
 
 ``vec_isa_checked_once`` (``functd._torch.inductor``) runs before the first CPU
 compile: inductor's vector ISA picked at one probe compile instead of one per ISA.
@@ -58,7 +59,7 @@ GRAIN = 32768
 #: 68 against 151. 1000 is a guess between (an unrolled loop, a model 5x BERT's size)
 BIG_GRAPH = 1000
 #: g++'s optimisation level for a big graph's C++ wrapper (its kernels keep -O3)
-WRAPPER_OPT = "O2"
+WRAPPER_OPT = "O1"
 #: the first torch whose C++ wrapper compiles loop ops (2.11 and 2.12 assert in
 #: ``codegen_while_loop``, issue 37): before it a graph with a loop gets the Python one
 CPP_LOOPS = (2, 13)

@@ -13,7 +13,7 @@ from (``_refused``). The FX graph is then checked (no write into an input or int
 tensor ``f`` closes over, no draw from torch's global generator), the outputs that are inputs passed through are taken out of it, and
 ``compile_graph`` hands it to inductor (``compile_fx_inner``, under the options of
 ``_jit_compile_options``: loops parallel at ATen's grain size, one-row matmuls fused,
-a big graph's C++ wrapper built apart at -O2; its C++ wrapper on the CPU, whose
+a big graph's C++ wrapper built apart at -O1; its C++ wrapper on the CPU, whose
 entry point ``Direct`` calls without inductor's Python shim) or, with
 ``backend="fx"``, runs it as it is.
 
