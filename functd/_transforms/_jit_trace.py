@@ -11,8 +11,9 @@ one dtype only, checked as they are traced; any op whose shape, dtype or device 
 fails) raise an error naming the op, the operands and the argument paths they come
 from (``_refused``). The FX graph is then checked (no write into an input or into a
 tensor ``f`` closes over, no draw from torch's global generator), the outputs that are inputs passed through are taken out of it, and
-``compile_graph`` hands it to inductor (``compile_fx_inner``, with loops parallel
-at ATen's grain size and one-row matmuls fused; its C++ wrapper on the CPU, whose
+``compile_graph`` hands it to inductor (``compile_fx_inner``, under the options of
+``_jit_compile_options``: loops parallel at ATen's grain size, one-row matmuls fused,
+a big graph's C++ wrapper built apart at -O1; its C++ wrapper on the CPU, whose
 entry point ``Direct`` calls without inductor's Python shim) or, with
 ``backend="fx"``, runs it as it is.
 
@@ -55,11 +56,6 @@ from ._vmap import TransformError
 __all__ = ["Direct", "Static", "Traced", "compile_graph", "trace"]
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
-# A CPU loop of the compiled code runs on several threads only when each gets at least
-# this many elements: ATen's grain size (eager's rule), not inductor's default of 512.
-# The graphs fd.jit sees are small models (many short kernels), where a fork-join per
-# kernel costs more than it saves, and stalls whenever another process holds a core.
-GRAIN = 32768
 _CONSTANT_TYPES = (
     type(None),
     bool,
@@ -431,33 +427,17 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list[Any]], Any], 
         return (lambda ins: ()), None  # nothing computed: every output is an input
     if backend == "fx":
         return (lambda ins: gm(*ins)), None
-    from .._torch.inductor import compile_fx_inner
+    from .._torch.inductor import compile_fx_inner, vec_isa_checked_once
     from .._torch.inductor import config as inductor_config
-    from ._jit_passes import BatchOneBmm, PostGrad
+    from ._jit_compile_options import inductor_options, uses_cpp_wrapper
 
     cpu = all(x.device.type == "cpu" for x in t.fakes)
-    options = {
-        "cpp.min_chunk_size": GRAIN,
-        # a matmul with one row (batch 1) on the CPU as a fused multiply-and-sum rather
-        # than a BLAS call (inductor's own pass, off by default): 3 addmm of the tutorial
-        # block cost ~5 µs each in MKL's call overhead, the fused loops under 1 µs
-        "post_grad_fusion_options": {"decompose_mm_pass": {}},
-        # inductor's default, pinned: a pointwise value whose expression passes 30 ops
-        # becomes a buffer. Lower compiles functd.random's threefry chains faster (one
-        # PPO env step: 17.7 s with 16, 22.3 s with 30) but stores more of them: every
-        # stored value is a buffer allocated in each step of a loop, and PPO's
-        # one-agent update ran 18% slower with 16 (notes/compile.md). With 8,
-        # inductor 2.13 computed PPO's vmapped loss gradient wrong (actor grads off by
-        # up to 100%); a test pins it
-        "realize_opcount_threshold": 30,
-        # copying views fused (not a fallback call each), batched matmuls on batch-outer
-        # operands (one GEMM, not one mm per batch element): _jit_passes.py
-        "post_grad_custom_post_pass": PostGrad(),
-        # a batch-one bmm as an mm, so the decomposition above keeps to one-row mms
-        "post_grad_custom_pre_pass": BatchOneBmm(),
-    }
+    cpp = uses_cpp_wrapper(gm, cpu)
+    options = inductor_options(gm, cpp)
+    if cpu:
+        vec_isa_checked_once()
     with _tracing(), inductor_config.patch(options), _fake_mode_of(gm, t.fakes):
-        compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
+        compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpp, is_inference=True)
     run = compiled.current_callable
     # inductor's C++ shim appends the graph's tensor constants to the inputs: only a
     # graph without constants may skip it (else the entry reads past its inputs)
