@@ -46,7 +46,8 @@ import torch
 from .._td._tree import NAMESPACE
 from .._torch import aoti
 from ._jit_artifact_spec import inputs, mismatch, outputs, rebuild
-from ._jit_trace import GRAIN, Static, Traced
+from ._jit_compile_options import GRAIN
+from ._jit_trace import Static, Traced
 from ._signature import Flat
 from ._vmap import TransformError
 
@@ -54,7 +55,7 @@ __all__ = ["Compiled", "Lowered", "build", "load_compiled"]
 
 FORMAT, VERSION = "functd.jit artifact", 1
 META = "functd.json"
-# inductor's options for the artifact: fd.jit's loop grain (see _jit_trace.GRAIN)
+# inductor's options for the artifact: fd.jit's loop grain (see _jit_compile_options.GRAIN)
 _OPTIONS: dict[str, Any] = {"cpp.min_chunk_size": GRAIN}
 
 SIGNATURE = (
