@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from .._td._tree import NAMESPACE
+from .._torch import CPP_WRAPPER_LOOPS
 from .._torch.fake import (
     DataDependentOutputException,
     DynamicOutputShapeException,
@@ -45,6 +46,7 @@ from .._torch.fake import (
     UnsupportedOperatorException,
     tracing,
 )
+from .._torch.hop import scan_op, while_loop_op
 from .._torch.ops import OpOverload, aoti
 from ._jit_draws import FIX_KEYS, GLOBAL_RANDOM, draw_site, draws
 from ._jit_operands import decompositions, refused_safely
@@ -456,13 +458,23 @@ def compile_graph(t: Traced, backend: str) -> tuple[Callable[[list[Any]], Any], 
         "post_grad_custom_pre_pass": BatchOneBmm(),
     }
     with _tracing(), inductor_config.patch(options), _fake_mode_of(gm, t.fakes):
-        compiled = compile_fx_inner(gm, t.fakes, cpp_wrapper=cpu, is_inference=True)
+        compiled = compile_fx_inner(
+            gm, t.fakes, cpp_wrapper=_cpp_wrapper(gm, cpu), is_inference=True
+        )
     run = compiled.current_callable
     # inductor's C++ shim appends the graph's tensor constants to the inputs: only a
     # graph without constants may skip it (else the entry reads past its inputs)
     if not gm.graph.find_nodes(op="get_attr"):
         run = _direct(run)
     return run, getattr(compiled, "source_code", None)
+
+
+def _cpp_wrapper(gm: torch.fx.GraphModule, cpu: bool) -> bool:
+    """inductor's C++ wrapper on the CPU; its Python one for a graph with a loop op on a
+    torch whose C++ wrapper cannot compile loops (``CPP_WRAPPER_LOOPS``: torch < 2.13)."""
+    if not cpu or CPP_WRAPPER_LOOPS:
+        return cpu
+    return not any(n.target in (scan_op, while_loop_op) for n in gm.graph.nodes)
 
 
 def _fake_mode_of(gm: torch.fx.GraphModule, fakes: list[Any]) -> Any:
