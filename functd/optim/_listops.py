@@ -100,7 +100,7 @@ def foreach(xs: list[Tensor]) -> bool:
     """Whether the ``torch._foreach_*`` ops may run on ``xs``: plain eager tensors,
     and at least one (the foreach ops refuse an empty list; the per-leaf path of
     an empty list is the empty list, so an empty params tree steps as a no-op)."""
-    return bool(xs) and plain(xs)
+    return len(xs) > 0 and plain(xs)  # (not bool(xs): dynamo 2.11/2.12 cannot trace it)
 
 
 def _map(op: str, fe: bool, *args: Any) -> list[Tensor]:
