@@ -315,14 +315,13 @@ def test_tree_structure_comparison_under_dynamo_equals_optrees():
     def spec(t):
         return optree.tree_structure(t, namespace=NAMESPACE)
 
-    def same(u, v):
-        return torch.tensor(same_structure(spec(u), spec(v)))
+    def same_all(pairs):  # one trace: every pair's comparison in one graph
+        return torch.tensor([same_structure(spec(u), spec(v)) for u, v in pairs])
 
-    for a, b in pairs:
-        torch._dynamo.reset()
-        got = torch.compile(same, backend="eager", fullgraph=True)(a, b)
-        assert bool(got) == (spec(a) == spec(b)), (a, b)
-    assert [bool(same(a, b)) for a, b in pairs] == [True] + [False] * 3 + [True, False, True, False]
+    torch._dynamo.reset()
+    got = torch.compile(same_all, backend="eager", fullgraph=True)(pairs)
+    assert got.tolist() == [spec(a) == spec(b) for a, b in pairs]
+    assert got.tolist() == [True] + [False] * 3 + [True, False, True, False]
 
 
 def test_jit_fx_carry_holding_one_tensor_twice_and_size_one_dims_under_vmap():
