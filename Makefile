@@ -8,14 +8,15 @@ PYTEST_ARGS ?=
 # The supported torch range's ends (pyproject.toml, functd._torch.OLDEST/NEWEST_TESTED)
 # and the tests CI runs on them (`.ci/run`): the areas that meet torch's private APIs
 # (fd.jit and inductor, the loops' higher-order ops, vmap, functd.random's kernels,
-# torch.compile, the optimizers, the HF models); the whole suite runs on TORCH.
+# torch.compile, the optimizers, the HF models, DTensor checkpoints); the whole suite
+# runs on TORCH.
 OLDEST_TORCH ?= torch==2.11.0
 NEWEST_TORCH ?= torch==2.14.1
 MATRIX_TESTS ?= tests/test_torch_room.py tests/test_jit.py tests/test_loops.py \
 	tests/test_loops_forms.py tests/test_lax_scan.py tests/test_while_loop.py \
 	tests/test_vmap.py tests/test_random.py tests/test_random_vmap.py tests/test_keyed_random.py \
 	tests/test_compile.py tests/test_optim.py tests/test_optim_combinators.py \
-	tests/test_optim_laws.py tests/test_hf_models.py
+	tests/test_optim_laws.py tests/test_hf_models.py tests/test_distributed_checkpoint.py
 
 .PHONY: demo examples test test-oldest test-newest test-newest-pinned bench gpu-check lint format clean venv docs typecheck wheel-check wheel
 

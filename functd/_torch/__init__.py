@@ -35,6 +35,7 @@ import torch
 
 __all__ = [
     "CPP_WRAPPER_LOOPS",
+    "FOREACH_LERP_DTENSOR",
     "NEWEST_TESTED",
     "OLDEST",
     "TORCH_VERSION",
@@ -84,6 +85,11 @@ CPP_WRAPPER_LOOPS: bool = TORCH_VERSION >= (2, 13)
 #: before, functd.random reads a key's or a draw's bits as another integer dtype by
 #: conversions (``functd._threefry.bitcast``: the same bits, a copy).
 VIEW_DTYPE_BATCHES: bool = TORCH_VERSION >= (2, 13)
+
+#: DTensor has a sharding rule for ``torch._foreach_lerp`` (out of place) from torch 2.13;
+#: before, functd.optim's moving averages of DTensors take ``torch.lerp`` leaf by leaf
+#: (``optim._listops.ema``: the same values).
+FOREACH_LERP_DTENSOR: bool = TORCH_VERSION >= (2, 13)
 
 #: The oldest and newest torch releases (major, minor) the whole suite passes on; the
 #: range pyproject.toml declares (``torch>=2.13,<2.15``; notes/torch-private.md).
