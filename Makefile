@@ -5,8 +5,20 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(subst =,_,$(subst <,_,$(subst >,_,$(TORCH))))
 PYTEST_ARGS ?=
+# The supported torch range's ends (pyproject.toml, functd._torch.OLDEST/NEWEST_TESTED)
+# and the tests CI runs on them (`.ci/run`): the areas that meet torch's private APIs
+# (fd.jit and inductor, the loops' higher-order ops, vmap, functd.random's kernels,
+# torch.compile, the optimizers, the HF models, DTensor checkpoints); the whole suite
+# runs on TORCH.
+OLDEST_TORCH ?= torch==2.11.0
+NEWEST_TORCH ?= torch==2.14.1
+MATRIX_TESTS ?= tests/test_torch_room.py tests/test_jit.py tests/test_loops.py \
+	tests/test_loops_forms.py tests/test_lax_scan.py tests/test_while_loop.py \
+	tests/test_vmap.py tests/test_random.py tests/test_random_vmap.py tests/test_keyed_random.py \
+	tests/test_compile.py tests/test_optim.py tests/test_optim_combinators.py \
+	tests/test_optim_laws.py tests/test_hf_models.py tests/test_distributed_checkpoint.py
 
-.PHONY: demo examples test test-newest bench gpu-check lint format clean venv docs typecheck wheel-check wheel
+.PHONY: demo examples test test-oldest test-newest test-newest-pinned bench gpu-check lint format clean venv docs typecheck wheel-check wheel
 
 venv: $(STAMP)
 
@@ -51,6 +63,21 @@ examples: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The suite (PYTEST_ARGS="$(MATRIX_TESTS) ..." for CI's subset) on the oldest supported
+# torch and on the newest tested one, each in a venv of its own (.venv-oldest,
+# .venv-newest: CUDA builds of several GB on x86_64, installed once).
+test-oldest:
+	$(MAKE) test VENV=.venv-oldest TORCH="$(OLDEST_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)"
+
+test-newest-pinned:
+	$(MAKE) test VENV=.venv-newest TORCH="$(NEWEST_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)"
+
+# The torch spec each target installs (.ci/run names it in its lines)
+print-torch-test-oldest:
+	@echo "$(OLDEST_TORCH)"
+print-torch-test-newest-pinned:
+	@echo "$(NEWEST_TORCH)"
 
 # The suite against the newest torch pip serves here, in a venv of its own (.venv-newest:
 # a CUDA build of several GB on x86_64), so a new torch release is one command from a

@@ -20,6 +20,7 @@ from torch import Tensor
 
 from . import _fused
 from ._eager import plain_tensor
+from ._torch import VIEW_DTYPE_BATCHES
 
 _ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
 _PARITY = 0x1BD11BDA
@@ -29,6 +30,29 @@ MASK32 = 0xFFFFFFFF
 def to_i32(x: Tensor) -> Tensor:
     """Low 32 bits of an int64 tensor as an int32 bit pattern (no overflowing cast)."""
     return (((x & MASK32) ^ 0x80000000) - 0x80000000).to(torch.int32)
+
+
+def bitcast(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """``x``'s bits read as ``dtype``, an integer dtype of the same width (int32 <->
+    uint32, int64 <-> uint64, ...): ``x.view(dtype)`` where torch's vmap batches it
+    (torch >= 2.13, ``VIEW_DTYPE_BATCHES``), else the same bits by conversions every
+    transform batches (a 64-bit conversion wraps modulo 2**64; narrower ones go
+    through the unsigned value in int64).
+
+    >>> bitcast(torch.tensor([-1, 7], dtype=torch.int32), torch.uint32)
+    tensor([4294967295,          7], dtype=torch.uint32)
+    """
+    if x.dtype == dtype:
+        return x
+    if VIEW_DTYPE_BATCHES:
+        return x.view(dtype)
+    width = 8 * x.element_size()
+    if width == 64:
+        return x.to(dtype)
+    u = x.to(torch.int64) & ((1 << width) - 1)
+    if dtype.is_signed:
+        u = (u ^ (1 << (width - 1))) - (1 << (width - 1))
+    return u.to(dtype)
 
 
 # -- threefry2x32 -------------------------------------------------------------

@@ -58,6 +58,7 @@ from ._eager import plain_tensor
 from ._erfinv import erfinv32, sqrt2_erfinv
 from ._threefry import (
     MASK32,
+    bitcast,
     hash_counters,
     hash_small,
     hash_small_ok,
@@ -134,7 +135,7 @@ def _bad_key(fn: str | Callable[[], str], key: Any, one: bool) -> Tensor:
             f"{name}: `key` must have shape (..., 2), got {tuple(key.shape)}; make keys with "
             "functd.random.key(seed), split or fold_in."
         )
-    return key.view(torch.int32) if key.dtype == torch.uint32 else key
+    return bitcast(key, torch.int32)
 
 
 def _check_shape(fn: str, shape: Shape, name: str = "shape") -> tuple[int, ...]:
@@ -213,7 +214,7 @@ def key(seed: int | Tensor, *, device: torch.device | str | None = None) -> Tens
         if not _is_int(seed):
             raise TypeError(f"key: `seed` must be an integer tensor, got dtype {seed.dtype}.")
         wide = seed.element_size() == 8  # narrower seeds get a zero high word, like jax
-        s = seed.view(torch.int64) if wide else seed.to(torch.int64)
+        s = bitcast(seed, torch.int64) if wide else seed.to(torch.int64)
         return torch.stack([to_i32(s >> 32 if wide else s * 0), to_i32(s)], dim=-1)
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise TypeError(f"key: `seed` must be an int or an integer tensor, got {seed!r}.")
@@ -325,7 +326,7 @@ def bits(key: Tensor, shape: Shape = (), dtype: torch.dtype = torch.int32) -> Te
     out = random_bits(key, width, shape)
     if width < 32:
         out = ((out ^ (1 << (width - 1))) - (1 << (width - 1))).to(signed)
-    return out if dtype == signed else out.view(dtype)
+    return bitcast(out, dtype)
 
 
 def _const(v: float, dtype: torch.dtype, device: torch.device | None) -> Tensor:

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from functd._torch import TORCH_VERSION
 from tests._support.dist_job import launch
 
 pytestmark = pytest.mark.distributed
@@ -32,6 +33,11 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 
 def _get(ranks: list[dict], check: str) -> list[dict]:
+    if check == "dtensor_params_under_vmap" and TORCH_VERSION < (2, 12):
+        pytest.skip(
+            "DTensor params under vmap need torch 2.12: torch 2.11's DTensor has no sharding "
+            "rule for aten.squeeze.dims (vmap's batching rule of F.linear calls it)"
+        )
     res = [r[check] for r in ranks]
     for r, v in enumerate(res):
         assert "error" not in v, f"rank {r}, {check}:\n{v.get('error')}"
@@ -76,10 +82,12 @@ def test_dtensor_params_under_vmap_per_example_vectors(ranks):
     for v in _get(ranks, "dtensor_params_under_vmap"):
         assert v["shard0"]["vector_shape"] == [10, 4]
         assert v["shard0"]["vector_forward"] <= TOL and v["shard0"]["vector_grad"] <= TOL
-        # torch 2.13: F.linear(vector, Replicate weight) keeps a size-1 dim, because
-        # DTensor's in-place squeeze_ (used by matmul for a 1-D left operand) leaves the
-        # shape as it was; see notes/distributed.md ("DTensor params under fd.vmap")
-        assert v["squeeze_inplace_shape"] == [2, 1, 3]
+        # torch 2.13 and 2.14: F.linear(vector, Replicate weight) keeps a size-1 dim,
+        # because DTensor's in-place squeeze_ (used by matmul for a 1-D left operand)
+        # leaves the shape as it was (2.12 squeezes it); see notes/distributed.md
+        # ("DTensor params under fd.vmap")
+        want = [2, 1, 3] if TORCH_VERSION >= (2, 13) else [2, 3]
+        assert v["squeeze_inplace_shape"] == want
 
 
 def test_dtensor_replicate_params_under_vmap_per_example_vectors(ranks):

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import functd as fd
+from functd._torch import TORCH_VERSION
 from functd.testing import assert_close
 
 T = pytest.importorskip("transformers")
@@ -247,6 +248,11 @@ def test_three_adam_steps_in_lockstep_with_torch_optim(name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_compile_fullgraph_equals_eager(name):
+    if name == "t5" and TORCH_VERSION < (2, 13):
+        pytest.skip(
+            "dynamo before torch 2.13 cannot trace copy.deepcopy, which transformers' T5 "
+            "decoder calls on its config to build its cache"
+        )
     _, m, params, td, _ = make(name, eval_mode=True)
     out_key = CASES[name].out
     f = torch.compile(lambda p, td: m(p, td)[out_key], fullgraph=True, backend="eager")

@@ -103,11 +103,11 @@ def test_a_loop_graph_gets_the_python_wrapper_before_torch_2_13():
     graph = torch.fx.Graph()
     graph.output(graph.get_attr("body"))
     with_loop, plain = torch.fx.GraphModule(root, graph), torch.fx.symbolic_trace(lambda x: x.sin())
-    assert opts.uses_cpp_wrapper(with_loop, cpu=True, version="2.13.0")
-    assert opts.uses_cpp_wrapper(with_loop, cpu=True, version="2.14.1+cpu")
-    assert not opts.uses_cpp_wrapper(with_loop, cpu=True, version="2.12.1")
-    assert opts.uses_cpp_wrapper(plain, cpu=True, version="2.11.0")
-    assert not opts.uses_cpp_wrapper(plain, cpu=False, version="2.13.0")
+    assert opts.uses_cpp_wrapper(with_loop, cpu=True, loops=True)  # torch >= 2.13
+    assert not opts.uses_cpp_wrapper(with_loop, cpu=True, loops=False)  # 2.11, 2.12
+    assert opts.uses_cpp_wrapper(plain, cpu=True, loops=False)
+    assert not opts.uses_cpp_wrapper(plain, cpu=False, loops=True)
+    assert opts.uses_cpp_wrapper(with_loop, cpu=True) is (torch.__version__ >= "2.13")
 
 
 # ------------------------------------------------------------------ the vector ISA

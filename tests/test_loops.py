@@ -290,6 +290,40 @@ def test_torch_compile_one_graph_and_equal_eager():
     assert_close(g, torch.func.grad(_loss_loop)(p, h0, xs[:8]), rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.compile
+def test_tree_structure_comparison_under_dynamo_equals_optrees():
+    """fd.scan's structure checks, traced by dynamo (which compares its own spec objects,
+    not optree's), agree with optree's ``==`` of the same trees."""
+    import optree
+
+    from functd._td._tree import NAMESPACE
+    from functd._transforms._loop_checks import same_structure
+
+    x = torch.ones(2)
+    td = fd.TensorDict({"a": x, "b": fd.TensorDict({"c": x})})
+    pairs = [
+        (td, fd.TensorDict({"a": 2 * x, "b": fd.TensorDict({"c": x})})),  # equal
+        (td, fd.TensorDict({"a": x, "b": fd.TensorDict({"d": x})})),  # a nested key
+        (td, fd.TensorDict({"a": x, "c": x})),  # other keys
+        (td, {"a": x, "b": {"c": x}}),
+        ((x, [x, None]), (x, [x, None])),
+        ((x, [x, None]), (x, (x, None))),
+        (x, x),
+        (x, td),
+    ]
+
+    def spec(t):
+        return optree.tree_structure(t, namespace=NAMESPACE)
+
+    def same_all(pairs):  # one trace: every pair's comparison in one graph
+        return torch.tensor([same_structure(spec(u), spec(v)) for u, v in pairs])
+
+    torch._dynamo.reset()
+    got = torch.compile(same_all, backend="eager", fullgraph=True)(pairs)
+    assert got.tolist() == [spec(a) == spec(b) for a, b in pairs]
+    assert got.tolist() == [True] + [False] * 3 + [True, False, True, False]
+
+
 def test_jit_fx_carry_holding_one_tensor_twice_and_size_one_dims_under_vmap():
     # a tree may hold one tensor twice (torch's op refuses aliasing inputs), and a
     # vmapped carry with a size-1 dim has odd strides (the op compares them in and out)

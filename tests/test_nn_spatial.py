@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 import functd.nn as fnn
+from functd._torch import TORCH_VERSION
 
 D = torch.float64
 
@@ -98,6 +99,8 @@ def test_unflatten():
     _check(nn.Unflatten(1, (2, 3)), torch.randn(4, 6, 5, dtype=D), fnn.Unflatten)
     _check(nn.Unflatten(-1, [3, -1]), torch.randn(4, 6, dtype=D), fnn.Unflatten)
     assert fnn.Unflatten(1, [2, 3]) == fnn.Unflatten(1, (2, 3))
-    assert fnn.lower(nn.Unflatten("features", (2, 3))) is None  # a named dim
+    # a named dim (torch before 2.13 takes its sizes as (name, size) pairs)
+    sizes = (2, 3) if TORCH_VERSION >= (2, 13) else (("a", 2), ("b", 3))
+    assert fnn.lower(nn.Unflatten("features", sizes)) is None
     with pytest.raises(TypeError, match="Unflatten: dim must be an int"):
         fnn.Unflatten("features", (2, 3))

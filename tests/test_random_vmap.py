@@ -17,7 +17,7 @@ from test_random import as_signed, decode, ulp_distance
 
 import functd as fd
 import functd.random as fr
-from functd import _fused
+from functd import _fused, _threefry
 from tests._support import random_cases
 
 SAMPLERS = {**random_cases.SAMPLERS, **random_cases.FUSED_EXTRA}
@@ -140,6 +140,39 @@ def test_chunked_vmap_and_non_contiguous_keys():
     assert bitwise(torch.func.vmap(f)(keys.view(torch.uint32)), want)
 
 
+INT_PAIRS = [
+    (torch.int8, torch.uint8),
+    (torch.int16, torch.uint16),
+    (torch.int32, torch.uint32),
+    (torch.int64, torch.uint64),
+]
+
+
+@pytest.mark.parametrize("signed, unsigned", INT_PAIRS, ids=lambda d: str(d)[6:])
+def test_bitcast_without_a_view_dtype_batching_rule_is_torchs_view(monkeypatch, signed, unsigned):
+    """torch < 2.13 has no vmap rule for view(dtype): bitcast's conversions (forced here on
+    any torch) give the bits of torch's own view, eagerly and under vmap."""
+    monkeypatch.setattr(_threefry, "VIEW_DTYPE_BATCHES", False)
+    info = torch.iinfo(signed)
+    x = torch.tensor([[0, 1, -1], [info.min, info.max, -77]], dtype=signed)
+    for src, dst in ((x, unsigned), (x.view(unsigned), signed)):
+        for got in (
+            _threefry.bitcast(src, dst),
+            torch.func.vmap(_threefry.bitcast, (0, None))(src, dst),
+        ):
+            assert got.dtype == dst and torch.equal(got.view(signed), x)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.uint16, torch.uint32, torch.uint64])
+def test_vmapped_unsigned_bits_and_uint32_keys_without_view_dtype(monkeypatch, dtype):
+    monkeypatch.setattr(_threefry, "VIEW_DTYPE_BATCHES", False)
+    keys = fr.split(fr.key(3), 4)
+    f = lambda k: fr.bits(k, (5,), dtype)  # noqa: E731
+    want = torch.stack([f(k) for k in keys])
+    assert same(torch.func.vmap(f)(keys), want)
+    assert same(fd.vmap(f)(keys.view(torch.uint32)), want)
+
+
 def test_grad_levels_keep_the_pure_path_and_the_bits(calls):
     keys = fr.split(fr.key(2), 3)
 
@@ -167,8 +200,8 @@ def test_an_empty_batch_and_empty_draws():
 LOGITS = torch.tensor([0.0, 1.0, -1.0, 0.5])
 P = torch.tensor(0.3)
 JAX_SAMPLERS = {
-    "split": lambda k: fr.split(k, 2).view(torch.uint32),
-    "fold_in": lambda k: fr.fold_in(k, 7).view(torch.uint32),
+    "split": lambda k: fr.split(k, 2),  # keys: read as jax's uint32 after the vmap
+    "fold_in": lambda k: fr.fold_in(k, 7),
     "bits": lambda k: fr.bits(k, (4,), torch.uint32),
     "bits64": lambda k: fr.bits(k, (3,), torch.uint64),
     "uniform": lambda k: fr.uniform(k, (5,)),
@@ -193,10 +226,13 @@ def replay(case: dict) -> torch.Tensor:
         return fd.vmap(lambda d: fr.fold_in(k, d))(data).view(torch.uint32)
     f = JAX_SAMPLERS[case["fn"]]
     if how == "vmap":
-        return fd.vmap(f)(fr.split(fr.key(seed), 3))
-    if how == "nested":
-        return torch.func.vmap(fd.vmap(f))(fr.split(fr.key(seed), (2, 3)))
-    return torch.func.vmap(f, in_dims=1)(fr.split(fr.key(seed), 3).T)
+        out = fd.vmap(f)(fr.split(fr.key(seed), 3))
+    elif how == "nested":
+        out = torch.func.vmap(fd.vmap(f))(fr.split(fr.key(seed), (2, 3)))
+    else:
+        out = torch.func.vmap(f, in_dims=1)(fr.split(fr.key(seed), 3).T)
+    # (outside the vmap: torch's vmap batches view(dtype) from torch 2.13 only)
+    return out.view(torch.uint32) if case["fn"] in ("split", "fold_in") else out
 
 
 @pytest.mark.parametrize(

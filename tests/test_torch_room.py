@@ -67,3 +67,22 @@ def test_an_older_torch_gets_one_clear_import_error():
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text()
     declared = f"torch>={OLDEST[0]}.{OLDEST[1]},<{NEWEST_TESTED[0]}.{NEWEST_TESTED[1] + 1}"
     assert f'dependencies = ["{declared}",' in pyproject
+
+
+def test_fd_jit_takes_inductors_python_wrapper_for_loops_where_the_cpp_one_cannot():
+    """torch < 2.13 (``CPP_WRAPPER_LOOPS`` off, forced here): a graph with a loop op
+    compiles with inductor's Python wrapper on the CPU; any other graph keeps the C++ one."""
+    from functd._torch.hop import scan_op, while_loop_op
+    from functd._transforms._jit_compile_options import uses_cpp_wrapper
+
+    def graph(target):
+        g = torch.fx.Graph()
+        x = g.placeholder("x")
+        g.output(g.call_function(target, (x,)))
+        return torch.fx.GraphModule(torch.nn.Module(), g)
+
+    plain, scan, loop = graph(torch.ops.aten.sin.default), graph(scan_op), graph(while_loop_op)
+    graphs = (plain, scan, loop)
+    assert [uses_cpp_wrapper(gm, True, loops=True) for gm in graphs] == [True] * 3
+    assert [uses_cpp_wrapper(gm, True, loops=False) for gm in graphs] == [True, False, False]
+    assert not uses_cpp_wrapper(plain, False)  # a GPU graph: never the C++ wrapper

@@ -33,7 +33,15 @@ import re
 
 import torch
 
-__all__ = ["NEWEST_TESTED", "OLDEST", "TORCH_VERSION", "requires"]
+__all__ = [
+    "CPP_WRAPPER_LOOPS",
+    "FOREACH_LERP_DTENSOR",
+    "NEWEST_TESTED",
+    "OLDEST",
+    "TORCH_VERSION",
+    "VIEW_DTYPE_BATCHES",
+    "requires",
+]
 
 
 def _parse(version: str) -> tuple[int, int]:
@@ -65,9 +73,27 @@ def requires(version: tuple[int, int], feature: str) -> None:
         )
 
 
+# The version gates: what functd does differently on an older torch of the range.
+
+#: inductor's C++ wrapper compiles a graph with a loop op (``scan``, ``while_loop``) on
+#: the CPU from torch 2.13; 2.11 and 2.12 assert in its ``codegen_while_loop``, so fd.jit
+#: compiles such a graph with inductor's Python wrapper there (``_jit_compile_options.uses_cpp_wrapper``:
+#: a few µs more per call, the same kernels).
+CPP_WRAPPER_LOOPS: bool = TORCH_VERSION >= (2, 13)
+
+#: torch.func.vmap batches ``Tensor.view(dtype)`` (``aten::view.dtype``) from torch 2.13;
+#: before, functd.random reads a key's or a draw's bits as another integer dtype by
+#: conversions (``functd._threefry.bitcast``: the same bits, a copy).
+VIEW_DTYPE_BATCHES: bool = TORCH_VERSION >= (2, 13)
+
+#: DTensor has a sharding rule for ``torch._foreach_lerp`` (out of place) from torch 2.13;
+#: before, functd.optim's moving averages of DTensors take ``torch.lerp`` leaf by leaf
+#: (``optim._listops.ema``: the same values).
+FOREACH_LERP_DTENSOR: bool = TORCH_VERSION >= (2, 13)
+
 #: The oldest and newest torch releases (major, minor) the whole suite passes on; the
 #: range pyproject.toml declares (``torch>=2.13,<2.15``; notes/torch-private.md).
-OLDEST: tuple[int, int] = (2, 13)
+OLDEST: tuple[int, int] = (2, 11)
 NEWEST_TESTED: tuple[int, int] = (2, 14)
 
 if TORCH_VERSION < OLDEST:  # before any other functd module meets an older torch's API

@@ -5,7 +5,8 @@ fd.scan and fd.while_loop run a Python loop in eager mode and one of these ops u
 dynamo or an fd.jit trace, so a compiled loop is one graph node (not an unrolled body).
 torch exposes ``torch._higher_order_ops.while_loop`` only as a prototype and ``scan``
 not at all. Versions: both trace on torch 2.11 to 2.14; inductor's C++ wrapper compiles
-them on the CPU from torch 2.13 (2.11 and 2.12 assert in ``codegen_while_loop``: issue 37).
+them on the CPU from torch 2.13 (2.11 and 2.12 assert in ``codegen_while_loop``: fd.jit
+takes inductor's Python wrapper for such a graph there, ``functd._torch.CPP_WRAPPER_LOOPS``).
 
 >>> from functd._torch.hop import scan, scan_op, while_loop, while_loop_op
 >>> scan_op.name()

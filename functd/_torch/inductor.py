@@ -5,7 +5,8 @@
 (``make_fx`` on fake tensors) and hands it to inductor directly, with its own passes.
 Importing this module imports inductor's lowering (seconds on a cold process): import it inside
 the function that needs it. Versions: behaves as used on torch 2.11 to 2.14 (issue 37's
-runs); fd.jit of an fd.scan on the CPU needs 2.13 (see ``functd._torch.hop``).
+runs); before 2.13 its C++ wrapper cannot compile a loop op on the CPU (fd.jit then
+takes the Python wrapper: ``functd._torch.CPP_WRAPPER_LOOPS``).
 
 >>> from functd._torch.inductor import config
 >>> callable(config.patch)

@@ -34,11 +34,12 @@ from typing import Any
 
 import torch
 
+from .._torch import CPP_WRAPPER_LOOPS
+from .._torch.hop import scan_op, while_loop_op
 from ._jit_passes import BatchOneBmm, PostGrad
 
 __all__ = [
     "BIG_GRAPH",
-    "CPP_LOOPS",
     "GRAIN",
     "WRAPPER_OPT",
     "has_loop",
@@ -60,24 +61,25 @@ GRAIN = 32768
 BIG_GRAPH = 1000
 #: g++'s optimisation level for a big graph's C++ wrapper (its kernels keep -O3)
 WRAPPER_OPT = "O1"
-#: the first torch whose C++ wrapper compiles loop ops (2.11 and 2.12 assert in
-#: ``codegen_while_loop``, issue 37): before it a graph with a loop gets the Python one
-CPP_LOOPS = (2, 13)
 
 
 def has_loop(gm: torch.fx.GraphModule) -> bool:
-    """``gm`` holds a subgraph: a loop op's body or condition (torch's scan, while_loop)."""
+    """``gm`` holds a loop: a subgraph (a loop op's body or condition) or a call of
+    torch's scan / while_loop op."""
+    if any(n.target in (scan_op, while_loop_op) for n in gm.graph.nodes):
+        return True
     return any(sub is not gm for _, sub in gm.named_modules() if hasattr(sub, "graph"))
 
 
-def uses_cpp_wrapper(gm: torch.fx.GraphModule, cpu: bool, version: str = torch.__version__) -> bool:
+def uses_cpp_wrapper(gm: torch.fx.GraphModule, cpu: bool, loops: bool = CPP_WRAPPER_LOOPS) -> bool:
     """Inductor's C++ wrapper (called without its Python shim, ``Direct``) for a graph
     whose inputs are all on the CPU; its Python wrapper on a GPU, and for a graph with a
-    loop on a torch before ``CPP_LOOPS``."""
+    loop where the C++ wrapper cannot compile loops (``loops``: the version gate
+    ``functd._torch.CPP_WRAPPER_LOOPS``, torch >= 2.13; 2.11 and 2.12 assert in
+    ``codegen_while_loop``)."""
     if not cpu:
         return False
-    major, minor = (int(p) for p in version.split(".")[:2])
-    return (major, minor) >= CPP_LOOPS or not has_loop(gm)
+    return loops or not has_loop(gm)
 
 
 def is_big(gm: torch.fx.GraphModule) -> bool:

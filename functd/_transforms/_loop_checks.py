@@ -156,7 +156,7 @@ def _split(out: Any) -> tuple[Any, Any]:
 def check_carry(init_spec: Any, init_leaves: list[Any], carry: Any) -> list[Tensor]:
     """The leaves of the carry ``f`` returned, checked against init's."""
     paths, leaves, spec = optree.tree_flatten_with_path(carry, namespace=NAMESPACE)
-    if spec != init_spec:
+    if not same_structure(spec, init_spec):
         raise TypeError(CARRY_STRUCTURE.format(was=_short(init_spec), now=_short(spec)))
     bs_now = _batch_sizes(carry, (), {})  # (tree specs compare a TensorDict's keys only)
     if bs_now:
@@ -174,6 +174,25 @@ def check_carry(init_spec: Any, init_leaves: list[Any], carry: Any) -> list[Tens
                 was, now = f"{was} on {a.device}", f"{now} on {b.device}"
             raise TypeError(CARRY_LEAF.format(path=fmt_path(p, "carry"), was=was, now=now))
     return leaves
+
+
+def same_structure(a: Any, b: Any) -> bool:
+    """``a == b`` for two tree specs. Under dynamo, a walk over their nodes' types, entries
+    (keys) and children, which it traces on every torch (dynamo 2.11/2.12 cannot compare
+    its own specs: their flatten functions have no ``__eq__`` it can trace).
+
+    >>> same_structure(optree.tree_structure({"a": 1}), optree.tree_structure({"a": 2}))
+    True
+    """
+    if not torch.compiler.is_compiling():
+        return bool(a == b)
+    return _walk_same(a, b)
+
+
+def _walk_same(a: Any, b: Any) -> bool:
+    if a.type is not b.type or a.num_children != b.num_children or a.entries() != b.entries():
+        return False
+    return all(_walk_same(x, y) for x, y in zip(a.children(), b.children()))
 
 
 def _short(spec: Any) -> str:

@@ -43,6 +43,7 @@ from ._loop_checks import (
     check_unroll,
     has_scalars,
     promoted,
+    same_structure,
     tensorized,
     y_leaves,
 )
@@ -277,7 +278,7 @@ def stack_ys(ys: list[Any]) -> Any:
     columns: list[list[Tensor]] = [[v] for v in leaves0]
     for i, y in enumerate(ys[1:], 1):
         leaves, s = optree.tree_flatten(y, namespace=NAMESPACE)
-        if s != spec:
+        if not same_structure(s, spec):
             raise TypeError(Y_CHANGED.format(what="structure", i=i, was=spec, now=s))
         for col, v in zip(columns, leaves):
             if not isinstance(v, Tensor) or v.shape != col[0].shape or v.dtype != col[0].dtype:

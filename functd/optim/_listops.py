@@ -25,6 +25,7 @@ from torch import Tensor
 from .._eager import plain
 from .._td import TensorDict, from_parts
 from .._td._tree import flat_leaves, same_keys, tree
+from .._torch import FOREACH_LERP_DTENSOR
 from . import _errors as E
 
 Scalar = float | Tensor
@@ -100,7 +101,7 @@ def foreach(xs: list[Tensor]) -> bool:
     """Whether the ``torch._foreach_*`` ops may run on ``xs``: plain eager tensors,
     and at least one (the foreach ops refuse an empty list; the per-leaf path of
     an empty list is the empty list, so an empty params tree steps as a no-op)."""
-    return bool(xs) and plain(xs)
+    return len(xs) > 0 and plain(xs)  # (not bool(xs): dynamo 2.11/2.12 cannot trace it)
 
 
 def _map(op: str, fe: bool, *args: Any) -> list[Tensor]:
@@ -160,7 +161,9 @@ def scale(a: Scalar, xs: list[Tensor], fe: bool) -> list[Tensor]:
 def ema(decay: Scalar, avg: list[Tensor], xs: list[Tensor], fe: bool) -> list[Tensor]:
     """``decay * avg + (1 - decay) * xs`` (as torch.optim's ``lerp(xs, 1 - decay)``)."""
     if isinstance(decay, Number) and fe:
-        return torch._foreach_lerp(avg, xs, 1 - decay)  # type: ignore[arg-type, return-value]
+        if FOREACH_LERP_DTENSOR or all(type(a) is Tensor for a in avg):
+            return torch._foreach_lerp(avg, xs, 1 - decay)  # type: ignore[arg-type, return-value]
+        return [torch.lerp(a, x, 1 - decay) for a, x in zip(avg, xs)]  # DTensors, torch < 2.13
     return _map("add", fe, _map("mul", fe, avg, decay), _map("mul", fe, xs, 1 - decay))
 
 
