@@ -10,7 +10,7 @@ PYTEST_ARGS ?=
 # (fd.jit and inductor, the loops' higher-order ops, vmap, functd.random's kernels,
 # torch.compile, the optimizers, the HF models, DTensor checkpoints); the whole suite
 # runs on TORCH.
-OLDEST_TORCH ?= torch==2.11.0
+OLDEST_TORCH ?= torch==2.13.0
 NEWEST_TORCH ?= torch==2.14.1
 MATRIX_TESTS ?= tests/test_torch_room.py tests/test_jit.py tests/test_loops.py \
 	tests/test_loops_forms.py tests/test_lax_scan.py tests/test_while_loop.py \
@@ -74,6 +74,8 @@ test-newest-pinned:
 	$(MAKE) test VENV=.venv-newest TORCH="$(NEWEST_TORCH)" PYTEST_ARGS="$(PYTEST_ARGS)"
 
 # The torch spec each target installs (.ci/run names it in its lines)
+print-torch-test:
+	@echo "$(TORCH)"
 print-torch-test-oldest:
 	@echo "$(OLDEST_TORCH)"
 print-torch-test-newest-pinned:

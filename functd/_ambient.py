@@ -1,8 +1,11 @@
 """Ambient defaults that context managers set and calls read when they start.
 
 ``INTERACTION.value`` is the interaction type of ``fd.set_interaction_type`` (one
-value per thread: a ``threading.local``, not a ContextVar, because torch.compile
-reads and guards it). It lives here, below every room, because two rooms read it:
+value per thread: a ``threading.local``). torch.compile (dynamo) reads a
+``threading.local``'s attribute but installs no guard on it, so compiled code would
+keep the value it was traced with; ``COMPILED.value``, a plain object's attribute that
+dynamo does guard, mirrors the latest setting (in any thread) and is what code traced
+by dynamo reads. It lives here, below every room, because two rooms read it:
 the modules (each probabilistic call) and ``fd.jit`` (a traced function bakes in
 the value it saw, so the compiled code is cached under it, with the autocast state).
 
@@ -20,7 +23,7 @@ import torch
 
 from ._torch.ops import any_autocast
 
-__all__ = ["INTERACTION", "snapshot"]
+__all__ = ["COMPILED", "INTERACTION", "snapshot"]
 
 
 class _Interaction(threading.local):
@@ -28,6 +31,13 @@ class _Interaction(threading.local):
 
 
 INTERACTION = _Interaction()
+
+
+class _Compiled:
+    value = None  # what dynamo-traced code reads (and guards): the latest setting
+
+
+COMPILED = _Compiled()
 
 _any_autocast = any_autocast  # (a module global: read once per call)
 

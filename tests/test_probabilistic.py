@@ -1,6 +1,8 @@
 """Probabilistic modules: laws (keys, vmap, compile, purity), samplers' statistics, bad input."""
 
 import math
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -284,6 +286,29 @@ def test_compile_reads_the_context_when_the_call_starts():
     assert torch.equal(det["action"], td["loc"])
     assert torch.equal(rnd["action"], head(None, td, key=KEY, interaction=RANDOM)["action"])
     assert torch.equal(compiled(td, KEY)["action"], td["loc"])
+
+
+def test_compile_reads_the_context_in_a_fresh_process():
+    """The guard on the context, with no other compiled code before (dynamo installs no
+    guard on a threading.local: the suite's earlier compiles once hid a stale read)."""
+    code = (
+        "import torch, functd as fd\n"
+        "head = fd.Probabilistic(in_keys=['loc', 'scale'], out_keys=['action'],"
+        " distribution_class=torch.distributions.Normal)\n"
+        "td = fd.TensorDict({'loc': torch.zeros(3), 'scale': torch.ones(3)}, [3])\n"
+        "k = fd.random.key(0)\n"
+        "c = torch.compile(lambda t, k: head(None, t, key=k), fullgraph=True, backend='eager')\n"
+        "first = c(td, k)['action']\n"
+        "with fd.set_interaction_type('random'):\n"
+        "    rnd = c(td, k)['action']\n"
+        "with fd.set_interaction_type('random'):\n"
+        "    ref = head(None, td, key=k)['action']\n"
+        "assert torch.equal(first, td['loc']), first\n"
+        "assert torch.equal(rnd, ref), (rnd, ref)\n"
+        "assert torch.equal(c(td, k)['action'], td['loc'])\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr[-2000:]
 
 
 # ------------------------------------------------------------------ samplers

@@ -42,7 +42,7 @@ from torch import Tensor
 from torch import distributions as D
 
 from .. import random as fr
-from .._ambient import INTERACTION
+from .._ambient import COMPILED, INTERACTION
 from .._td import Key
 from .._torch.ops import is_all_true, standard_gamma_grad
 
@@ -128,6 +128,8 @@ def interaction_type() -> InteractionType | None:
         ...     interaction_type()
         InteractionType.RANDOM
     """
+    if torch.compiler.is_dynamo_compiling():  # a value dynamo guards (_ambient.COMPILED)
+        return COMPILED.value
     return getattr(_STATE, "value", None)
 
 
@@ -139,7 +141,9 @@ class set_interaction_type:
     ``interaction=`` argument wins over it; each module's
     ``default_interaction_type`` applies outside any block (``None`` restores
     that inside one). The setting is per thread. Under ``torch.compile`` set it
-    outside the compiled function: the compiled code is guarded on its value.
+    outside the compiled function: the compiled code is guarded on its value, which
+    there is the latest setting made in any thread (dynamo guards no thread-local
+    value), so threads that compile under different settings at once are not supported.
 
     Args:
         type: an ``InteractionType`` or its name; None: each module's default.
@@ -158,11 +162,11 @@ class set_interaction_type:
 
     def __enter__(self) -> set_interaction_type:
         self._prev.append(getattr(_STATE, "value", None))
-        _STATE.value = self.type  # type: ignore[assignment]
+        _STATE.value = COMPILED.value = self.type  # type: ignore[assignment]
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        _STATE.value = self._prev.pop()
+        _STATE.value = COMPILED.value = self._prev.pop()
 
     def __call__(self, fn: Callable) -> Callable:
         """Decorate ``fn``: each call of it runs inside ``with set_interaction_type(type)``."""

@@ -93,7 +93,7 @@ FOREACH_LERP_DTENSOR: bool = TORCH_VERSION >= (2, 13)
 
 #: The oldest and newest torch releases (major, minor) the whole suite passes on; the
 #: range pyproject.toml declares (``torch>=2.13,<2.15``; notes/torch-private.md).
-OLDEST: tuple[int, int] = (2, 11)
+OLDEST: tuple[int, int] = (2, 13)
 NEWEST_TESTED: tuple[int, int] = (2, 14)
 
 if TORCH_VERSION < OLDEST:  # before any other functd module meets an older torch's API
