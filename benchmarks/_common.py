@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import datetime
 import os
-import platform
 
 import torch
+from _cpu import cpu_model
 from torch.utils.benchmark import Timer
 
 MIN_RUN_TIME = float(os.environ.get("BENCH_MIN_RUN_TIME", "0.3"))
@@ -30,14 +30,7 @@ def median_us(fn, min_run_time: float = MIN_RUN_TIME) -> float:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
+    cpu = cpu_model()
     where = f", {torch.cuda.get_device_name(DEVICE)}" if ON_GPU else ""
     return (
         f"{datetime.date.today()}, {cpu}, {os.cpu_count()} cores, torch {torch.__version__}, "

@@ -31,6 +31,8 @@ import subprocess
 import sys
 import time
 
+from _cpu import cpu_model
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 CPU = "--cpu" in sys.argv or "--dry-run" in sys.argv
@@ -74,14 +76,7 @@ def _cmd(argv: list[str], timeout: float = 10) -> str:
 def machine() -> dict:
     import torch
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
+    cpu = cpu_model()
     try:
         from importlib.metadata import version
 

@@ -18,6 +18,8 @@ PATH = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "gpu_check.py
 
 
 def _load():
+    if os.path.dirname(PATH) not in sys.path:  # its sibling modules (_cpu), as a script has
+        sys.path.insert(0, os.path.dirname(PATH))
     spec = importlib.util.spec_from_file_location("gpu_check", PATH)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
