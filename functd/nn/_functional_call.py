@@ -140,7 +140,7 @@ class FunctionalCall(Layer):
         slots = _slots(meta)
         set_derived(
             self,
-            _clone=frozenset(clone),
+            _clone=tuple(sorted(clone)),  # sorted once: the same trace in every process
             _stats=state_buffers(meta, self.state),
             _buffers=buffers,
             _bslots=tuple((n, d, attr) for n in buffers for d, attr, _ in slots[n]),
@@ -207,8 +207,9 @@ class FunctionalCall(Layer):
         flat = flat_state(params)
         if not self._clone:  # no buffer: nothing to clone, watch or return
             return self._run(flat, args, kwargs, key)
-        for name in sorted(self._clone.intersection(flat)):  # sorted: the same trace in
-            flat[name] = flat[name].clone()  # every process (fd.jit's cache key on disk)
+        for name in self._clone:  # in a fixed order (fd.jit's cache key on disk)
+            if name in flat:
+                flat[name] = flat[name].clone()
         out, wrote = self._watched(flat, args, kwargs, key)
         wrote = [n for n in wrote if n not in self._stats]
         if wrote:
